@@ -1,0 +1,115 @@
+"""Packing at mask positions, and the collectives SCAPE issues, each counting its bytes.
+
+Byte accounting is per rank and per collective, for ring algorithms: a reduce-scatter
+whose input is T bytes, or an all-gather whose output is T bytes, makes each rank send
+(W - 1) / W * T bytes. For large W that is the reference doc's table (e.g. a dense bf16
+reduce-scatter of N params costs 2N per rank).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "ByteCounter",
+    "SparseCommunicator",
+    "bucket_positions",
+    "ring_bytes_per_rank",
+]
+
+# The kinds of traffic the counters separate (the benchmark tables use these names).
+GRAD_VALUES, PARAM_VALUES, MASKS, SCALARS = "grad_values", "param_values", "masks", "scalars"
+
+
+def ring_bytes_per_rank(total_nbytes: int, world_size: int) -> float:
+    """Bytes one rank sends in a ring reduce-scatter (input) or all-gather (output) of T bytes."""
+    return total_nbytes * (world_size - 1) / world_size if world_size > 1 else 0.0
+
+
+@dataclass
+class ByteCounter:
+    """Bytes sent by this rank, accumulated per kind of traffic."""
+
+    totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, kind: str, nbytes: float) -> None:
+        self.totals[kind] += nbytes
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.totals)
+
+    def reset(self) -> None:
+        self.totals.clear()
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.totals.values()))
+
+
+def bucket_positions(masks: Sequence[Tensor], shard_size: int) -> Tensor:
+    """Shard-major positions in a bucket: [m_0, S + m_1, 2S + m_2, ...]. Shape (W*k,)."""
+    return torch.cat([m + j * shard_size for j, m in enumerate(masks)])
+
+
+class SparseCommunicator:
+    """The collectives of one SCAPE step over ``group``; every call counts its bytes.
+
+    Values are packed shard-major (k per shard), so the reduce-scatter hands owner r the
+    k reduced values of its own shard and no indices travel with them: every rank already
+    holds the same masks.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, counter: ByteCounter | None = None):
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.counter = counter if counter is not None else ByteCounter()
+
+    def _count(self, kind: str, tensor: Tensor) -> None:
+        self.counter.add(
+            kind, ring_bytes_per_rank(tensor.numel() * tensor.element_size(), self.world_size)
+        )
+
+    def reduce_scatter(
+        self, packed: Tensor, *, kind: str = GRAD_VALUES, async_op: bool = False
+    ) -> tuple[Tensor, dist.Work | None]:
+        """Sum-reduce ``packed`` (W*k,) across ranks; this rank gets its (k,) chunk."""
+        if packed.numel() % self.world_size:
+            raise ValueError(
+                f"packed length {packed.numel()} is not a multiple of W={self.world_size}"
+            )
+        out = packed.new_empty(packed.numel() // self.world_size)
+        self._count(kind, packed)
+        work = dist.reduce_scatter_tensor(out, packed, group=self.group, async_op=async_op)
+        return out, work
+
+    def all_gather(
+        self, local: Tensor, *, kind: str = PARAM_VALUES, async_op: bool = False
+    ) -> tuple[Tensor, dist.Work | None]:
+        """Concatenate every rank's ``local`` (k,) in rank order -> (W*k,)."""
+        out = local.new_empty(local.numel() * self.world_size)
+        self._count(kind, out)
+        work = dist.all_gather_into_tensor(
+            out, local.contiguous(), group=self.group, async_op=async_op
+        )
+        return out, work
+
+    def all_gather_masks(
+        self, payload: Tensor, *, async_op: bool = True
+    ) -> tuple[Tensor, dist.Work | None]:
+        """All-gather encoded mask bytes (uint8); asynchronous by default (it hides behind compute)."""
+        return self.all_gather(payload, kind=MASKS, async_op=async_op)
+
+    def all_reduce_sum(self, tensor: Tensor, *, kind: str = SCALARS) -> Tensor:
+        """In-place sum (e.g. the squared-norm scalar for clipping); counted as 2(W-1)/W * T."""
+        self.counter.add(
+            kind, 2 * ring_bytes_per_rank(tensor.numel() * tensor.element_size(), self.world_size)
+        )
+        dist.all_reduce(tensor, group=self.group)
+        return tensor

@@ -1,0 +1,89 @@
+"""Mask encodings: how one shard's k sorted indices travel as bytes.
+
+All encodings here have a size that depends only on (S, k), which every rank knows, so
+an all-gather of equal-sized byte payloads carries them and the receiver needs no header.
+
+| encoding  | bytes                        | best when            |
+| --------- | ---------------------------- | -------------------- |
+| int32     | 4k                           | never below offset16 |
+| offset16  | 2k + 4 * ceil(S / 65536)     | density < ~6%        |
+| bitmap    | ceil(S / 8)                  | density > ~6%        |
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "BLOCK",
+    "FIXED_ENCODINGS",
+    "decode_mask",
+    "encode_mask",
+    "encoded_nbytes",
+    "resolve_encoding",
+]
+
+BLOCK = 1 << 16  # offset16: indices are sent as 16-bit offsets inside 64Ki-entry blocks
+FIXED_ENCODINGS = ("int32", "offset16", "bitmap")
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def encoded_nbytes(shard_size: int, k: int, encoding: str) -> int:
+    if encoding == "int32":
+        return 4 * k
+    if encoding == "offset16":
+        return 2 * k + 4 * math.ceil(shard_size / BLOCK)
+    if encoding == "bitmap":
+        return math.ceil(shard_size / 8)
+    if encoding == "auto":
+        return encoded_nbytes(shard_size, k, resolve_encoding("auto", shard_size, k))
+    raise ValueError(
+        f"unknown mask encoding {encoding!r}; use one of auto, {', '.join(FIXED_ENCODINGS)}"
+    )
+
+
+def resolve_encoding(encoding: str, shard_size: int, k: int) -> str:
+    """``auto`` -> the smallest fixed encoding for (S, k); ties go to the simpler one."""
+    if encoding != "auto":
+        encoded_nbytes(shard_size, k, encoding)  # validates the name
+        return encoding
+    return min(FIXED_ENCODINGS, key=lambda e: encoded_nbytes(shard_size, k, e))
+
+
+def encode_mask(indices: Tensor, shard_size: int, encoding: str) -> Tensor:
+    """Sorted int64 indices (k,) -> uint8 payload of ``encoded_nbytes(S, k, encoding)``."""
+    encoding = resolve_encoding(encoding, shard_size, indices.numel())
+    if encoding == "int32":
+        return indices.to(torch.int32).view(torch.uint8)
+    if encoding == "offset16":
+        n_blocks = math.ceil(shard_size / BLOCK)
+        counts = torch.bincount(indices // BLOCK, minlength=n_blocks).to(torch.int32)
+        # uint16 has few kernels; int16 carries the same 16 bits.
+        offsets = (indices % BLOCK).to(torch.int32).to(torch.int16)
+        return torch.cat([counts.view(torch.uint8), offsets.view(torch.uint8)])
+    bits = torch.zeros(math.ceil(shard_size / 8) * 8, dtype=torch.uint8, device=indices.device)
+    bits[indices] = 1
+    weights = _BIT_WEIGHTS.to(indices.device)
+    return (bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
+
+
+def decode_mask(payload: Tensor, shard_size: int, k: int, encoding: str) -> Tensor:
+    """Inverse of :func:`encode_mask`: uint8 payload -> sorted int64 indices (k,)."""
+    encoding = resolve_encoding(encoding, shard_size, k)
+    expected = encoded_nbytes(shard_size, k, encoding)
+    if payload.numel() != expected:
+        raise ValueError(f"{encoding} payload has {payload.numel()} bytes, expected {expected}")
+    if encoding == "int32":
+        return payload.contiguous().view(torch.int32).to(torch.int64)
+    if encoding == "offset16":
+        n_blocks = math.ceil(shard_size / BLOCK)
+        counts = payload[: 4 * n_blocks].contiguous().view(torch.int32).to(torch.int64)
+        offsets = payload[4 * n_blocks :].contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+        blocks = torch.repeat_interleave(torch.arange(n_blocks, device=payload.device), counts)
+        return blocks * BLOCK + offsets
+    weights = _BIT_WEIGHTS.to(payload.device)
+    bits = (payload.view(-1, 1) & weights).ne(0).view(-1)[:shard_size]
+    return torch.nonzero(bits).squeeze(1)
