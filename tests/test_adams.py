@@ -30,7 +30,11 @@ def reference_adams(params, grads_per_step, groups):
 @pytest.mark.parametrize("foreach", [False, True])
 def test_matches_reference_over_many_steps_with_groups(foreach):
     gen = torch.Generator().manual_seed(0)
-    params = [torch.randn(7, 5, generator=gen), torch.randn(11, generator=gen), torch.randn(3, 3, 3, generator=gen)]
+    params = [
+        torch.randn(7, 5, generator=gen),
+        torch.randn(11, generator=gen),
+        torch.randn(3, 3, 3, generator=gen),
+    ]
     torch_params = [torch.nn.Parameter(p.clone()) for p in params]
     g1 = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     g2 = dict(lr=1e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0)
@@ -77,7 +81,9 @@ def test_masked_update_on_gathered_subset_equals_dense_on_those_entries():
     p, m, g = (torch.randn(100, generator=gen) for _ in range(3))
     idx = torch.tensor([3, 17, 18, 60, 99])
     dense_p, dense_m = p.clone(), m.clone()
-    adams_update_(dense_p, dense_m, g, step=5, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    adams_update_(
+        dense_p, dense_m, g, step=5, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1
+    )
 
     from scape.adams import apply_weight_decay_
 
@@ -114,7 +120,12 @@ def test_state_dict_round_trip_continues_identically():
 
 @pytest.mark.parametrize(
     "kwargs, needle",
-    [(dict(lr=-1.0), "learning rate"), (dict(betas=(1.0, 0.9)), "betas"), (dict(eps=-1.0), "eps"), (dict(weight_decay=-0.1), "weight_decay")],
+    [
+        (dict(lr=-1.0), "learning rate"),
+        (dict(betas=(1.0, 0.9)), "betas"),
+        (dict(eps=-1.0), "eps"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+    ],
 )
 def test_rejects_bad_hyperparameters(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
