@@ -10,6 +10,7 @@ Tests, benchmarks and the pretrain stage's local launcher all use it.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import tempfile
@@ -67,7 +68,9 @@ def _rank_main(
                 backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
             )
             value = fn(rank, world_size, *args, **kwargs)
-            results.put((rank, True, value))
+            # Plain pickle, not torch's shared-memory reductions: those hand the parent a
+            # file descriptor that dies with this process.
+            results.put((rank, True, pickle.dumps(value)))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
         finally:
@@ -139,7 +142,7 @@ def run_distributed(
             if not results.empty():
                 rank, ok, value = results.get()
                 if ok:
-                    collected[rank] = value
+                    collected[rank] = pickle.loads(value)
                 else:
                     failure = f"rank {rank} failed:\n{value}\n--- rank {rank} log tail ---\n{_tail(Path(log_dir) / f'rank{rank}.log')}"
                 continue
