@@ -8,6 +8,12 @@ an all-gather of equal-sized byte payloads carries them and the receiver needs n
 | int32     | 4k                           | never below offset16 |
 | offset16  | 2k + 4 * ceil(S / 65536)     | density < ~6%        |
 | bitmap    | ceil(S / 8)                  | density > ~6%        |
+
+Beyond these, a *delta* encoding (:func:`encode_mask_delta`) sends only what changed
+since the previous mask of the same shard, which every rank already holds: the positions
+(within the previous mask) of the d entries that leave and the d in-shard indices that
+enter, each section in the cheapest fixed encoding for its (size, d), after a 4-byte d.
+Its size depends on d, so ranks must agree on a length first (pad to the maximum).
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ __all__ = [
     "BLOCK",
     "FIXED_ENCODINGS",
     "decode_mask",
+    "decode_mask_delta",
+    "delta_nbytes",
     "encode_mask",
+    "encode_mask_delta",
     "encoded_nbytes",
     "resolve_encoding",
 ]
@@ -87,3 +96,57 @@ def decode_mask(payload: Tensor, shard_size: int, k: int, encoding: str) -> Tens
     weights = _BIT_WEIGHTS.to(payload.device)
     bits = (payload.view(-1, 1) & weights).ne(0).view(-1)[:shard_size]
     return torch.nonzero(bits).squeeze(1)
+
+
+def delta_nbytes(shard_size: int, k: int, n_changed: int) -> int:
+    """Bytes of :func:`encode_mask_delta` when ``n_changed`` of the k entries are replaced."""
+    if not 0 <= n_changed <= k:
+        raise ValueError(f"n_changed={n_changed} must be in [0, k={k}]")
+    return (
+        4
+        + encoded_nbytes(k, n_changed, "auto")  # leaving: positions inside the previous mask
+        + encoded_nbytes(shard_size, n_changed, "auto")  # entering: in-shard indices
+    )
+
+
+def encode_mask_delta(prev: Tensor, new: Tensor, shard_size: int) -> Tensor:
+    """Sorted masks ``prev`` and ``new`` (both k entries) -> uint8 delta payload.
+
+    Layout: int32 d | leave positions in ``prev`` (auto encoding over k) | entering indices
+    (auto encoding over S). Both sections reuse :func:`encode_mask`, so each costs the
+    smaller of int32, 16-bit offsets or a bitmap for its own (size, d).
+    """
+    if prev.numel() != new.numel():
+        raise ValueError(f"masks differ in size: {prev.numel()} vs {new.numel()}")
+    k = prev.numel()
+    leave_pos = torch.nonzero(~torch.isin(prev, new)).squeeze(1)
+    enter = new[~torch.isin(new, prev)]
+    header = torch.tensor([enter.numel()], dtype=torch.int32, device=prev.device)
+    return torch.cat(
+        [
+            header.view(torch.uint8),
+            encode_mask(leave_pos, k, "auto"),
+            encode_mask(enter, shard_size, "auto"),
+        ]
+    )
+
+
+def decode_mask_delta(payload: Tensor, prev: Tensor, shard_size: int) -> Tensor:
+    """Inverse of :func:`encode_mask_delta` given the same ``prev``; returns the new mask.
+
+    Bytes past :func:`delta_nbytes` (padding to a common length) are ignored.
+    """
+    k = prev.numel()
+    d = int(payload[:4].contiguous().view(torch.int32)[0])
+    n_leave = encoded_nbytes(k, d, "auto")
+    n_enter = encoded_nbytes(shard_size, d, "auto")
+    if payload.numel() < 4 + n_leave + n_enter:
+        raise ValueError(
+            f"delta payload has {payload.numel()} bytes, needs {4 + n_leave + n_enter} for d={d}"
+        )
+    # clone(): a section may start at an odd byte, and dtype views need aligned storage.
+    leave_pos = decode_mask(payload[4 : 4 + n_leave].clone(), k, d, "auto")
+    enter = decode_mask(payload[4 + n_leave : 4 + n_leave + n_enter].clone(), shard_size, d, "auto")
+    keep = torch.ones(k, dtype=torch.bool, device=prev.device)
+    keep[leave_pos] = False
+    return torch.cat([prev[keep], enter]).sort().values
