@@ -1,0 +1,1 @@
+"""Hydra stages: thin `main(cfg)` entry points over importable `run(cfg)` functions."""
