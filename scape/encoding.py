@@ -137,7 +137,7 @@ def decode_mask_delta(payload: Tensor, prev: Tensor, shard_size: int) -> Tensor:
     Bytes past :func:`delta_nbytes` (padding to a common length) are ignored.
     """
     k = prev.numel()
-    d = int(payload[:4].contiguous().view(torch.int32)[0])
+    d = int(payload[:4].clone().view(torch.int32)[0])
     n_leave = encoded_nbytes(k, d, "auto")
     n_enter = encoded_nbytes(shard_size, d, "auto")
     if payload.numel() < 4 + n_leave + n_enter:

@@ -47,6 +47,9 @@ def test_padding_is_ignored():
     payload = encode_mask_delta(prev, new, 100_000)
     padded = torch.cat([payload, torch.full((13,), 255, dtype=torch.uint8)])
     assert torch.equal(decode_mask_delta(padded, prev, 100_000), new)
+    # A payload cut out of an all-gather output starts at any byte offset.
+    gathered = torch.cat([torch.zeros(3, dtype=torch.uint8), padded])
+    assert torch.equal(decode_mask_delta(gathered[3:], prev, 100_000), new)
 
 
 def test_unchanged_mask_costs_only_the_header():
