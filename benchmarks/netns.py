@@ -1,0 +1,181 @@
+"""An emulated cluster: one network namespace per rank, joined through a switch namespace.
+
+Topology (a star, as nodes hanging off one switch):
+
+    rank ns r:  eth0 (10.123.0.<r+1>/24)  <-- veth -->  switch ns: p<r>, attached to bridge br0
+
+Each link is shaped with ``tc tbf`` on *both* ends of its veth: the rank side limits the
+node's upload, the switch side its download, so a link is full duplex at ``rate`` each way
+(netem does not exist in this kernel, so there is no added delay; tbf's queue adds some).
+
+Names carry the creating pid, so a crashed run never blocks the next one, and
+:func:`remove_stale` deletes leftovers whose creator is gone. Namespaces are deleted in
+``down()`` (called from ``__exit__`` and from ``atexit``); deleting a namespace destroys
+the veth ends inside it, so nothing else needs undoing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+__all__ = ["Cluster", "LinkSpec", "remove_stale", "skip_reason"]
+
+PREFIX = "scbench"
+SUBNET = "10.123.0"
+IFNAME = "eth0"
+_NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-[0-9a-f]+-(?:sw|r\d+)$")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A tbf shaper: ``rate_mbit`` per direction; ``latency_ms`` bounds its queue.
+
+    tbf needs a bucket (burst) of at least one packet; veth hands it GSO super-packets of
+    up to 64 KiB, so the burst is at least 128 KiB, and large enough for a kernel tick at
+    the configured rate (rate / HZ with HZ as low as 100).
+    """
+
+    rate_mbit: float
+    latency_ms: float = 20.0
+    burst_bytes: int | None = None
+
+    @property
+    def burst(self) -> int:
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        per_tick = int(self.rate_mbit * 1e6 / 8 / 100)
+        return max(128 * 1024, per_tick)
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.rate_mbit / 1000:g}gbit"
+            if self.rate_mbit >= 1000
+            else f"{self.rate_mbit:g}mbit"
+        )
+
+    def tbf_args(self) -> list[str]:
+        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(self.burst),
+                "latency", f"{self.latency_ms:g}ms"]  # fmt: skip
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def skip_reason() -> str | None:
+    """Why the emulated cluster cannot run here, or None when it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return (
+            "not root: the emulated cluster creates network namespaces (run `make bench` as root)"
+        )
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) not found: the emulated cluster needs ip and tc"
+    probe = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-sw"
+    try:
+        _run(["ip", "netns", "add", probe])
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        return f"cannot create a network namespace: {err}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale() -> list[str]:
+    """Delete namespaces left by benchmark runs whose process no longer exists."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    removed = []
+    for line in out.stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        match = _NAME_RE.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+            removed.append(name)
+    return removed
+
+
+class Cluster:
+    """W rank namespaces on one shaped switch; a context manager that always tears down."""
+
+    def __init__(self, world_size: int, link: LinkSpec | None) -> None:
+        if not 1 <= world_size <= 200:
+            raise ValueError(f"world_size must be in [1, 200], got {world_size}")
+        self.world_size, self.link = world_size, link
+        tag = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.switch_ns = f"{tag}-sw"
+        self.rank_ns = [f"{tag}-r{r}" for r in range(world_size)]
+        self.addrs = [f"{SUBNET}.{r + 1}" for r in range(world_size)]
+        self.ifname = IFNAME
+        self._created: list[str] = []
+
+    def up(self) -> Cluster:
+        atexit.register(self.down)
+        try:
+            self._add_ns(self.switch_ns)
+            _run(["ip", "-n", self.switch_ns, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", self.switch_ns, "link", "set", "br0", "up"])
+            for r, ns in enumerate(self.rank_ns):
+                self._add_ns(ns)
+                port = f"p{r}"
+                _run(["ip", "link", "add", IFNAME, "netns", ns, "type", "veth",
+                      "peer", "name", port, "netns", self.switch_ns])  # fmt: skip
+                _run(["ip", "-n", self.switch_ns, "link", "set", port, "master", "br0"])
+                _run(["ip", "-n", self.switch_ns, "link", "set", port, "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{self.addrs[r]}/24", "dev", IFNAME])
+                _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
+                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+                if self.link is not None:
+                    for where, dev in ((ns, IFNAME), (self.switch_ns, port)):
+                        _run(["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev,
+                              "root", *self.link.tbf_args()])  # fmt: skip
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _add_ns(self, name: str) -> None:
+        _run(["ip", "netns", "add", name])
+        self._created.append(name)
+
+    def down(self) -> None:
+        """Delete every namespace this cluster created; safe to call twice."""
+        while self._created:
+            name = self._created.pop()
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+    def exec_argv(self, rank: int, argv: list[str]) -> list[str]:
+        """``argv`` run inside rank ``rank``'s namespace."""
+        return ["ip", "netns", "exec", self.rank_ns[rank], *argv]
+
+    def qdisc_stats(self) -> str:
+        """tc's view of the shapers (sent bytes, drops, overlimits), for the log."""
+        lines = []
+        for ns in [*self.rank_ns, self.switch_ns]:
+            lines.append(f"# {ns}\n" + _run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"]))
+        return "\n".join(lines)
+
+    def __enter__(self) -> Cluster:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
