@@ -306,12 +306,13 @@ class Simulator:
         self.last_sent = torch.zeros(self.layout.total)
         for pos, wire_w in zip(positions, wires, strict=True):
             self.last_sent[pos] = sum(w.float() for w in wire_w) * W
-        for b in range(len(self.layout.buckets)):
+        for b, (start, end) in enumerate(self.layout.buckets):
             for w in range(W):
+                # Per bucket slices: the fresh gradient must be added once, not once per bucket.
                 commit_residual_(
-                    self.residual[w],
-                    fresh[w],
-                    positions[b],
+                    self.residual[w, start:end],
+                    fresh[w, start:end],
+                    positions[b] - start,
                     wires[b][w],
                     world_size=W,
                     error_feedback=cfg.error_feedback,
