@@ -119,8 +119,13 @@ def encode_mask_delta(prev: Tensor, new: Tensor, shard_size: int) -> Tensor:
     if prev.numel() != new.numel():
         raise ValueError(f"masks differ in size: {prev.numel()} vs {new.numel()}")
     k = prev.numel()
-    leave_pos = torch.nonzero(~torch.isin(prev, new)).squeeze(1)
-    enter = new[~torch.isin(new, prev)]
+    # Membership through a dense marker: O(S + k), much cheaper than isin's sort at large k.
+    in_new = torch.zeros(shard_size, dtype=torch.bool, device=prev.device)
+    in_new[new] = True
+    in_prev = torch.zeros(shard_size, dtype=torch.bool, device=prev.device)
+    in_prev[prev] = True
+    leave_pos = torch.nonzero(~in_new[prev]).squeeze(1)
+    enter = new[~in_prev[new]]
     header = torch.tensor([enter.numel()], dtype=torch.int32, device=prev.device)
     return torch.cat(
         [
