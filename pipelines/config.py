@@ -1,0 +1,263 @@
+"""Typed configuration of the pretrain / evaluate / tables stages.
+
+Plain dataclasses registered in Hydra's ConfigStore (see :func:`register_configs`), so the
+YAML under ``conf/`` is type-checked when composed and a misspelt key fails at start-up;
+:func:`validate` then checks the rules types cannot express (sparsity range, batch
+divisibility, ...) before any work starts. Tests build these dataclasses directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import MISSING
+
+from data_prep.config import DataConfig, TokenizerConfig
+from scape.config import ScapeConfig
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PretrainConfig",
+    "ScapeOptions",
+    "TrainConfig",
+    "WandbConfig",
+    "compose",
+    "register_configs",
+    "validate",
+]
+
+OPTIMIZERS = ("adamw", "adams", "scape")
+FAMILIES = ("gpt", "llama")
+PRECISIONS = ("fp32", "bf16")
+LAUNCHERS = ("local", "slurm")
+BACKENDS = ("gloo", "nccl")
+SCALES = ("tiny", "paper")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and how to fix it."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    family: str = MISSING  # gpt | llama
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    ffn_hidden_size: int = MISSING
+    # The tokenizer's vocabulary; Megatron pads it to a multiple of 128 (checked at start-up).
+    vocab_size: int = MISSING
+    seq_length: int = MISSING
+    num_query_groups: int | None = None  # None: multi-head attention
+
+
+@dataclass
+class ScapeOptions:
+    """ScapeConfig as users write it: in sparsity (the paper's 90% / 99%), not density."""
+
+    sparsity: float = 0.99
+    statistic: str = "momentum"
+    residual_weight: float = 1.0
+    age_weight: float = 0.0
+    selection: str = "topk"
+    threshold_sample_size: int = 16384
+    mask_encoding: str = "auto"
+    delay_mask: bool = True
+    error_feedback: bool = True
+    off_mask_momentum: str = "freeze"
+    dense_warmup_steps: int = 1
+    value_dtype: str = "float32"
+    seed: int = 0
+
+    def to_scape_config(self) -> ScapeConfig:
+        fields = {k: v for k, v in vars(self).items() if k != "sparsity"}
+        return ScapeConfig(density=round(1.0 - self.sparsity, 12), **fields)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING  # adamw | adams | scape
+    label: str = MISSING  # how tables and plots name it, e.g. "SCAPE-99"
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+    scape: ScapeOptions = field(default_factory=ScapeOptions)  # only read when name=scape
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 8  # sequences per step, all ranks together
+    micro_batch_size: int = 2  # sequences per forward/backward on one rank
+    train_steps: int = 100
+    warmup_steps: int = 10
+    lr_decay_style: str = "cosine"  # cosine | constant
+    precision: str = "fp32"  # fp32 | bf16 (bf16 needs a GPU)
+    eval_interval: int = 25
+    eval_iters: int = 4
+    log_interval: int = 1
+    checkpoint_interval: int = 50
+    keep_checkpoints: int = 2
+    seed: int = 1234
+    bucket_size: int | None = None  # elements per DDP bucket; None = Megatron's default
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    consistency_check_interval: int = 50  # cross-rank checksum of params and masks
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    launcher: str = "local"  # local: spawned ranks on this machine | slurm: submitit
+    nodes: int = 1
+    ranks_per_node: int = 2
+    gpus_per_node: int = 0  # 0: CPU ranks (gloo)
+    backend: str = "gloo"
+    partition: str | None = None
+    account: str | None = None
+    time_minutes: int = 60
+    cpus_per_task: int = 1
+    max_concurrent: int = 1  # jobs of a sweep running at once
+    setup: list[str] = field(default_factory=list)  # shell lines run before each Slurm job
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass
+class WandbConfig:
+    project: str = "scape-repro"
+    entity: str | None = None
+    # auto: online when WANDB_API_KEY is set, else offline (files under the run directory)
+    mode: str = "auto"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PretrainConfig:
+    experiment: str = "default"
+    scale: str = "paper"  # set by conf/scale/: tiny shrinks an experiment to this machine
+    sweep: list[str] = field(default_factory=list)  # the optimizer configs the experiment compares
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    data_root: str = "data"  # prepared datasets: <data_root>/<data.name>__<tokenizer.name>
+    output_root: str = "runs"  # run directories: <output_root>/<experiment>/<run name>
+    run_name: str | None = None  # None: <model>-<optimizer label>-seed<seed>
+    dry_run: bool = False  # slurm: write sbatch scripts and resolved configs, submit nothing
+    progress: bool = True
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="pretrain_schema", node=PretrainConfig)
+
+
+def _fail(key: str, value: object, why: str) -> None:
+    raise ConfigError(f"{key}={value!r} {why}")
+
+
+def validate(cfg: PretrainConfig) -> None:
+    """Rules across fields; each error names the key, the bad value and the fix."""
+    m, o, t, c = cfg.model, cfg.optimizer, cfg.train, cfg.cluster
+    if cfg.scale not in SCALES:
+        _fail("scale", cfg.scale, f"is not one of {', '.join(SCALES)}")
+    if m.family not in FAMILIES:
+        _fail("model.family", m.family, f"is not one of {', '.join(FAMILIES)}")
+    if m.hidden_size % m.num_attention_heads:
+        _fail(
+            "model.hidden_size",
+            m.hidden_size,
+            f"must be divisible by model.num_attention_heads={m.num_attention_heads}",
+        )
+    if o.name not in OPTIMIZERS:
+        _fail(
+            "optimizer.name",
+            o.name,
+            f"is not one of {', '.join(OPTIMIZERS)}; pick a file in conf/optimizer/",
+        )
+    if not 0.0 <= o.scape.sparsity < 1.0:
+        _fail(
+            "optimizer.scape.sparsity",
+            o.scape.sparsity,
+            "must be in [0, 1) (0.9 = 90% of entries not sent)",
+        )
+    if o.name == "scape":
+        try:
+            o.scape.to_scape_config()
+        except ValueError as err:
+            raise ConfigError(f"optimizer.scape: {err}") from err
+    if not 0 < o.min_lr <= o.lr:
+        _fail("optimizer.min_lr", o.min_lr, f"must be in (0, optimizer.lr={o.lr}]")
+    if t.precision not in PRECISIONS:
+        _fail("train.precision", t.precision, f"is not one of {', '.join(PRECISIONS)}")
+    if t.lr_decay_style not in ("cosine", "constant"):
+        _fail("train.lr_decay_style", t.lr_decay_style, "is not one of cosine, constant")
+    if c.launcher not in LAUNCHERS:
+        _fail("cluster.launcher", c.launcher, f"is not one of {', '.join(LAUNCHERS)}")
+    if c.backend not in BACKENDS:
+        _fail("cluster.backend", c.backend, f"is not one of {', '.join(BACKENDS)}")
+    if c.world_size < 1:
+        _fail("cluster.ranks_per_node", c.ranks_per_node, "and cluster.nodes must be >= 1")
+    per_step = t.micro_batch_size * c.world_size
+    if t.global_batch_size % per_step:
+        _fail(
+            "train.global_batch_size",
+            t.global_batch_size,
+            f"is not divisible by micro_batch_size x world size = {t.micro_batch_size} x {c.world_size}; "
+            f"use a multiple of {per_step}, e.g. {math.ceil(t.global_batch_size / per_step) * per_step}",
+        )
+    for key in (
+        "train_steps",
+        "eval_interval",
+        "eval_iters",
+        "log_interval",
+        "checkpoint_interval",
+        "keep_checkpoints",
+    ):
+        if getattr(t, key) < 1:
+            _fail(f"train.{key}", getattr(t, key), "must be >= 1")
+    if not 0 <= t.warmup_steps <= t.train_steps:
+        _fail(
+            "train.warmup_steps",
+            t.warmup_steps,
+            f"must be in [0, train.train_steps={t.train_steps}]",
+        )
+    if m.seq_length < 2:
+        _fail("model.seq_length", m.seq_length, "must be >= 2")
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "pretrain") -> PretrainConfig:
+    """Compose conf/<config_name>.yaml with command-line style overrides, typed and validated.
+
+    What ``python -m pipelines.pretrain <overrides>`` would run, for tests and drivers.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        raw = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+    cfg = OmegaConf.to_object(raw)
+    validate(cfg)
+    return cfg

@@ -1,0 +1,102 @@
+"""Every shipped config composes into a valid PretrainConfig; bad values fail at start-up."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from pipelines.config import CONF_DIR, ConfigError, compose
+from scape.megatron.models import SHAPES, ModelShape
+
+GROUP_FILES = {
+    g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
+    for g in ("model", "optimizer", "train", "cluster", "experiment", "scale")
+}
+
+
+@pytest.mark.parametrize("experiment", GROUP_FILES["experiment"])
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_every_experiment_composes_at_both_scales(experiment, scale):
+    cfg = compose([f"experiment={experiment}", f"scale={scale}"])
+    assert cfg.experiment == experiment and cfg.scale == scale
+    assert cfg.sweep, "an experiment names the optimizers it compares"
+    for name in cfg.sweep:
+        assert name in GROUP_FILES["optimizer"]
+    if scale == "tiny":
+        assert cfg.cluster.launcher == "local" and cfg.data.kind == "embedded"
+        assert cfg.model.num_layers == 4 and cfg.model.name == f"tiny_{cfg.model.family}"
+    else:
+        assert cfg.cluster.name == "vista" and cfg.cluster.world_size == 32
+
+
+def test_tiny_scale_keeps_the_family():
+    assert compose(["experiment=llama1p8b_step", "scale=tiny"]).model.family == "llama"
+    assert compose(["experiment=gpt345m_owt_quality", "scale=tiny"]).model.family == "gpt"
+
+
+@pytest.mark.parametrize("optimizer", GROUP_FILES["optimizer"])
+def test_every_optimizer_composes(optimizer):
+    cfg = compose([f"optimizer={optimizer}"])
+    if cfg.optimizer.name == "scape":
+        sc = cfg.optimizer.scape.to_scape_config()
+        assert sc.density == pytest.approx(1 - cfg.optimizer.scape.sparsity)
+
+
+@pytest.mark.parametrize("model", GROUP_FILES["model"])
+def test_model_files_agree_with_the_builders_shapes(model):
+    m = compose([f"model={model}"]).model
+    if m.name.startswith("tiny"):
+        return  # tiny CPU sizes are the pipeline's own; the builders' tiny shapes are for unit tests
+    shape = SHAPES[m.name.replace("_", "-").replace("1p8b", "1.8b")]
+    mine = ModelShape(
+        shape.name,
+        m.family,
+        m.num_layers,
+        m.hidden_size,
+        m.num_attention_heads,
+        m.ffn_hidden_size,
+        m.vocab_size,
+        m.seq_length,
+        m.num_query_groups,
+    )
+    assert mine == shape
+
+
+def test_vista_account_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SLURM_ACCOUNT", "TG-XYZ123")
+    assert compose(["cluster=vista", "train.global_batch_size=64"]).cluster.account == "TG-XYZ123"
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("optimizer.scape.sparsity=1.0", "optimizer.scape.sparsity=1.0 must be in [0, 1)"),
+        ("optimizer.scape.sparsity=-0.1", "optimizer.scape.sparsity=-0.1"),
+        (
+            "train.global_batch_size=10",
+            "not divisible by micro_batch_size x world size = 2 x 2; use a multiple of 4, e.g. 12",
+        ),
+        ("cluster.ranks_per_node=3", "not divisible"),
+        ("optimizer.scape.statistic=gradient", "statistic='gradient' is not one of"),
+        ("train.precision=fp8", "train.precision='fp8' is not one of fp32, bf16"),
+        ("model.hidden_size=130", "divisible by model.num_attention_heads"),
+    ],
+)
+def test_invalid_values_are_rejected_with_the_key_and_fix(override, needle):
+    with pytest.raises(ConfigError) as err:
+        compose([override])
+    assert needle in str(err.value)
+
+
+def test_unknown_names_fail_at_composition():
+    with pytest.raises(ConfigCompositionException, match="optimizer"):
+        compose(["optimizer=sgd"])
+    with pytest.raises((ValidationError, ConfigCompositionException)):
+        compose(["train.not_a_key=1"])
+    with pytest.raises((ValidationError, ConfigCompositionException)):
+        compose(["train.train_steps=many"])
+
+
+def test_conf_dir_is_the_repository_conf():
+    assert Path(__file__).resolve().parents[2] / "conf" == CONF_DIR
