@@ -206,3 +206,20 @@ def test_rejects_unknown_method_and_bad_batch_count():
     sim = Simulator(make_model(), 2, method="scape")
     with pytest.raises(ValueError, match="one batch per worker"):
         sim.step(batches_for(0, 3), mse)
+
+
+def test_conservation_holds_with_several_buckets():
+    """Each bucket commits only its own slice of the fresh gradient (a past bug added it per bucket)."""
+    W = 2
+    model = make_model()
+    layout = FlatLayout.contiguous([p.numel() for p in model.parameters()], W, bucket_size=40)
+    assert len(layout.buckets) > 2
+    sim = Simulator(model, W, method="scape", hparams=HP, scape=ScapeConfig(density=0.1), layout=layout)
+    produced = torch.zeros(layout.total, dtype=torch.float64)
+    sent = torch.zeros(layout.total, dtype=torch.float64)
+    for t in range(8):
+        batches = batches_for(t, W)
+        produced += _fresh_grad_sum(sim, batches).double()
+        sim.step(batches, mse)
+        sent += sim.last_sent.double()
+    torch.testing.assert_close(sent + sim.residual.double().sum(0), produced, rtol=0, atol=2e-5)
