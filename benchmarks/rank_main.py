@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.compute import LlamaShape, TinyLlama, batch_for
+from benchmarks.ring import RingCommunicator, ring_reduce_scatter
 from benchmarks.workloads import FlatModel, HParams, MethodSpec, build_method
 from scape.comm import SparseCommunicator
 
@@ -36,18 +37,24 @@ def _tx_bytes(ifname: str) -> int | None:
 
 
 def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
-    """Time bare reduce-scatter and all-gather of ``nbytes`` total (fp32), each ``reps`` times."""
+    """Time bare collectives of ``nbytes`` total (fp32), each ``reps`` times after a warm-up.
+
+    ``reduce_scatter`` is the p2p ring the workloads use; ``reduce_scatter_native`` is
+    gloo's own (about twice the ring's bytes); ``all_gather`` is gloo's (a ring).
+    """
     world = dist.get_world_size()
     out = []
     for nbytes in sizes:
         n = max(world, nbytes // 4 // world * world)
         full, part = torch.randn(n), torch.empty(n // world)
-        for op in ("reduce_scatter", "all_gather"):
+        for op in ("reduce_scatter", "reduce_scatter_native", "all_gather"):
             times, tx = [], []
             for _ in range(reps + 1):  # the first is a warm-up
                 dist.barrier()
                 tx0, t0 = _tx_bytes(ifname), time.perf_counter()
                 if op == "reduce_scatter":
+                    ring_reduce_scatter(part, full)
+                elif op == "reduce_scatter_native":
                     dist.reduce_scatter_tensor(part, full)
                 else:
                     dist.all_gather_into_tensor(full, part)
@@ -63,7 +70,9 @@ def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
     shape = LlamaShape(**spec["model"])
     model = TinyLlama(shape, seed=spec.get("seed", 0))
     flat = FlatModel(model, lambda m, batch: m(batch), world)
-    comm = SparseCommunicator()
+    comm = (
+        RingCommunicator() if spec.get("reduce_scatter", "ring") == "ring" else SparseCommunicator()
+    )
     methods = [
         build_method(MethodSpec.from_dict(m), flat, comm, HParams(**spec.get("hparams", {})))
         for m in spec["methods"]

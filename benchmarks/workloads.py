@@ -9,10 +9,12 @@ reduce-scatter with backward (dense Megatron can hide part of its exchange there
 bf16 model params and grad clipping. A Megatron-backed workload plugs in with the same
 ``Method`` protocol.
 
-Phases each step records (seconds, this rank): compute (forward+backward), mask_sync
-(exposed wait for masks), pack, grad_sync (reduce-scatter), update (optimizer on the
-shard, weight decay), param_sync (all-gather), unpack (writing gathered values),
-mask_select (scores, top-k, encoding). Bytes come from the communicator's counter.
+Phases each step records (seconds, this rank): compute (forward+backward); SCAPE's
+mask_select (scores and top-k), mask_send (encoding, and for delta the length exchange,
+then issuing the all-gather), mask_wait (the exposed part of the mask all-gather),
+mask_decode; pack; grad_sync (reduce-scatter); update (optimizer on the shard, residual
+commit, weight decay); param_sync (all-gather); unpack (writing gathered values).
+Bytes come from the communicator's counter.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from scape.shard import WIRE_DTYPES, commit_residual_, next_mask, owner_update_,
 
 __all__ = ["FlatModel", "HParams", "Method", "MethodSpec", "StepRecord", "build_method"]
 
-PHASES = ("compute", "mask_sync", "pack", "grad_sync", "update", "param_sync", "unpack",
-          "mask_select")  # fmt: skip
+PHASES = ("compute", "mask_select", "mask_send", "mask_wait", "mask_decode", "pack",
+          "grad_sync", "update", "param_sync", "unpack")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class MethodSpec:
     encoding: str = "auto"  # SCAPE masks: auto | int32 | offset16 | bitmap | delta
     overlap: bool = True  # SCAPE: one-step-delayed mask, all-gathered behind compute
     wire: str = "bfloat16"  # dtype of gradient and parameter values on the wire
+    selection: str = "sampled_threshold"  # SCAPE: exact top-k found via a sampled threshold
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MethodSpec:
@@ -199,8 +202,9 @@ class ScapeStep:
     def __init__(self, spec: MethodSpec, flat: FlatModel, comm: SparseCommunicator,
                  hp: HParams) -> None:  # fmt: skip
         self.spec, self.flat, self.comm, self.hp = spec, flat, comm, hp
+        # sampled_threshold finds exactly the top-k (same masks), several times faster on CPU.
         self.cfg = ScapeConfig(density=spec.density, delay_mask=spec.overlap,
-                               value_dtype=spec.wire)  # fmt: skip
+                               value_dtype=spec.wire, selection=spec.selection)  # fmt: skip
         self.W, self.r = comm.world_size, comm.rank
         self.S = flat.shard_size
         self.k = num_selected(self.S, spec.density)
@@ -238,13 +242,18 @@ class ScapeStep:
             self.pending = (out, work, None)
         self._sent_own = mask
 
-    def _receive_masks(self) -> list[Tensor]:
-        out, work, prev = self.pending
+    def _wait_masks(self) -> None:
+        work = self.pending[1]
         if work is not None:
             work.wait()
+
+    def _decode_masks(self) -> list[Tensor]:
+        out, _, prev = self.pending
         self.pending = None
         width = out.numel() // self.W
-        chunks = [out[j * width : (j + 1) * width] for j in range(self.W)]
+        # clone(): scape.encoding.decode_mask views bytes as int32/int16, which needs an
+        # aligned storage offset; a slice of the gathered buffer need not have one.
+        chunks = [out[j * width : (j + 1) * width].clone() for j in range(self.W)]
         if prev is not None:
             masks = [decode_mask_delta(c, prev[j], self.S) for j, c in enumerate(chunks)]
         else:
@@ -258,7 +267,9 @@ class ScapeStep:
         """How many entries of this rank's mask change against the last one (None: first)."""
         if self.masks is None:
             return None
-        return int((~torch.isin(new_own, self.masks[self.r])).sum())
+        in_prev = torch.zeros(self.S, dtype=torch.bool)
+        in_prev[self.masks[self.r]] = True
+        return int(self.k - in_prev[new_own].sum())
 
     # -- one step ------------------------------------------------------------
     def step(self, t: int, batch: Any) -> StepRecord:
@@ -271,13 +282,17 @@ class ScapeStep:
         changed = None
         if not dense and not self.spec.overlap:
             # No delay: this step's mask is made now and exchanged on the critical path.
-            mask = self._own_mask(t, self.residual + grad)
+            reads_accum = self.cfg.statistic in ("momentum_residual", "raw_gradient")
+            mask = self._own_mask(t, self.residual + grad if reads_accum else self.residual)
             changed = self._churn(mask)
-            self._send_mask(mask, async_op=False)
             clock.lap("mask_select")
+            self._send_mask(mask, async_op=False)
+            clock.lap("mask_send")
         if not dense:
-            self.masks = self._receive_masks()
-            clock.lap("mask_sync")
+            self._wait_masks()
+            clock.lap("mask_wait")
+            self.masks = self._decode_masks()
+            clock.lap("mask_decode")
         masks = [torch.arange(self.S)] * self.W if dense else self.masks
         positions = bucket_positions(masks, self.S)
         packed = pack_values(self.residual, grad, positions, world_size=self.W,
@@ -306,8 +321,9 @@ class ScapeStep:
             if dense:
                 self.masks = None  # the first sparse mask travels in a fixed encoding
             changed = self._churn(nxt)
-            self._send_mask(nxt, async_op=True)
             clock.lap("mask_select")
+            self._send_mask(nxt, async_op=True)
+            clock.lap("mask_send")
         overlap = None if changed is None else 1.0 - changed / self.k
         return StepRecord(self.spec.name, t, loss, clock.phases, _delta(before, self.comm),
                           mask_overlap=overlap, mask_changed=changed)  # fmt: skip
