@@ -54,7 +54,7 @@ class PreparedData:
         """The exact tokenizer the data was made with (hash-checked)."""
         recorded = self.metadata["tokenizer"]
         cfg = TokenizerConfig(**{**recorded["config"], "kind": TokenizerKind(recorded["kind"])})
-        tokenizer = build_tokenizer(cfg, trained_file=self.path / TOKENIZER_FILE)
+        tokenizer = build_tokenizer(cfg, saved_file=self.path / TOKENIZER_FILE)
         if tokenizer.sha256 != recorded["sha256"]:
             raise DataPrepError(
                 f"tokenizer {cfg.name!r} here (sha256 {tokenizer.sha256[:12]}...) is not the one "
@@ -141,12 +141,12 @@ def split_problem(path: Path, split: str, metadata: dict[str, Any], verify_hashe
         )
     if verify_hashes:
         for file, key in ((bin_path, "bin_sha256"), (idx_path, "idx_sha256")):
-            if _sha256(file) != info[key]:
+            if sha256_file(file) != info[key]:
                 return f"{file.name} content differs from its recorded sha256"
     return ""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         while chunk := stream.read(1 << 20):

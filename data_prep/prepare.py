@@ -31,6 +31,7 @@ from data_prep.errors import DataPrepError
 from data_prep.sources import Source, open_source
 from data_prep.splits import assign_splits
 from data_prep.tokenizers import (
+    HFTokenizer,
     TextTokenizer,
     build_tokenizer,
     check_model_vocab,
@@ -54,6 +55,9 @@ class PrepareResult:
             f"(fingerprint {meta['fingerprint'][:16]}, tokenizer {meta['tokenizer']['name']} "
             f"vocab {meta['tokenizer']['vocab_size']})"
         ]
+        source = meta["data"]["source"]
+        if "license" in source:  # prepared data inherits the corpus licence: say so
+            lines.append(f"  source: {source['description']}; licence: {source['license']}")
         for name in SPLIT_NAMES:
             split = meta["splits"][name]
             lines.append(
@@ -167,11 +171,16 @@ def _tokenizer_identity(tok: TokenizerConfig) -> dict[str, Any]:
 
 
 def _obtain_tokenizer(cfg: PrepareConfig, source: Source, tmp: Path) -> TextTokenizer:
-    if cfg.tokenizer.kind != TokenizerKind.bytebpe:
-        return build_tokenizer(cfg.tokenizer)
-    train_docs = islice(_train_documents(cfg, source), cfg.tokenizer.train_max_documents)
-    tokenizer = train_bytebpe(cfg.tokenizer.name, train_docs, int(cfg.tokenizer.vocab_size))
-    tokenizer.save(tmp / dataset.TOKENIZER_FILE)  # later stages reload exactly this
+    if cfg.tokenizer.kind == TokenizerKind.bytebpe:
+        train_docs = islice(_train_documents(cfg, source), cfg.tokenizer.train_max_documents)
+        tokenizer: TextTokenizer = train_bytebpe(
+            cfg.tokenizer.name, train_docs, int(cfg.tokenizer.vocab_size)
+        )
+    else:
+        tokenizer = build_tokenizer(cfg.tokenizer)
+    if isinstance(tokenizer, HFTokenizer):
+        # trained or downloaded: saved beside the data so later stages reload it offline
+        tokenizer.save(tmp / dataset.TOKENIZER_FILE)
     return tokenizer
 
 
@@ -212,8 +221,8 @@ def _metadata(
         name: {
             "documents": counts.documents,
             "tokens": counts.tokens,
-            "bin_sha256": dataset._sha256(tmp / f"{name}.bin"),
-            "idx_sha256": dataset._sha256(tmp / f"{name}.idx"),
+            "bin_sha256": dataset.sha256_file(tmp / f"{name}.bin"),
+            "idx_sha256": dataset.sha256_file(tmp / f"{name}.idx"),
         }
         for name, counts in report.splits.items()
     }
@@ -233,7 +242,7 @@ def _metadata(
             ),
             "eod": tokenizer.eod,
             "sha256": tokenizer.sha256,
-            "file": dataset.TOKENIZER_FILE if cfg.tokenizer.kind == TokenizerKind.bytebpe else None,
+            "file": dataset.TOKENIZER_FILE if isinstance(tokenizer, HFTokenizer) else None,
             "config": tok_cfg,
         },
         "dtype": report.dtype,

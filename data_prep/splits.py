@@ -6,8 +6,9 @@ r_val, else to test. Why not a shuffled permutation: that needs the document cou
 front, which a streamed hub corpus does not give. Why not an independent random draw per
 document: on the 106-article default a 5% split would get anywhere from 1 to 10 articles;
 the Weyl sequence is equidistributed with low discrepancy, so every prefix of the corpus
-is split within about one document of the exact ratios, and the splits sample the whole
-corpus evenly. The seed moves the offset, giving a different but equally balanced split.
+is split within 3 documents of the exact ratios (measured on the first 200,000 documents
+for the default ratios; independent draws drift by ~sqrt(n)), and the splits sample the
+whole corpus evenly. The seed moves the offset, giving a different but equally balanced split.
 """
 
 from __future__ import annotations

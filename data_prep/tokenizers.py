@@ -1,7 +1,7 @@
 """Tokenizers behind one duck-typed interface that Megatron's GPTDataset accepts.
 
-Every tokenizer here has `name`, `vocab_size`, `eod`, `sha256`, `tokenize(text) -> ids`
-and `detokenize(ids) -> text`. `tokenize` never turns text into special tokens: a
+Every tokenizer here has `name`, `vocab_size`, `eod`, `sha256`, `tokenize(text) -> ids`,
+`detokenize(ids) -> text` and the `unique_identifiers` Megatron's dataset cache uses. `tokenize` never turns text into special tokens: a
 document that happens to contain "<|endoftext|>" stays text, so the only EOD ids in the
 data are the document separators this stage writes.
 """
@@ -27,6 +27,9 @@ class TextTokenizer(Protocol):
     vocab_size: int
     eod: int
     sha256: str
+
+    @property
+    def unique_identifiers(self) -> dict[str, str]: ...
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -58,7 +61,18 @@ def check_model_vocab(
         )
 
 
-class TiktokenGPT2:
+class _MegatronIdentity:
+    """Megatron's datasets hash `tokenizer.unique_identifiers` into their cache keys."""
+
+    name: str
+    sha256: str
+
+    @property
+    def unique_identifiers(self) -> dict[str, str]:
+        return {"class": type(self).__qualname__, "name": self.name, "sha256": self.sha256}
+
+
+class TiktokenGPT2(_MegatronIdentity):
     """Exact GPT-2 BPE (r50k_base merges from the pinned offline asset)."""
 
     def __init__(self, name: str, asset: Path) -> None:
@@ -84,7 +98,7 @@ class TiktokenGPT2:
         return self._enc.decode(list(ids))
 
 
-class SentencePiece:
+class SentencePiece(_MegatronIdentity):
     def __init__(self, name: str, model_file: Path) -> None:
         import sentencepiece
 
@@ -101,7 +115,7 @@ class SentencePiece:
         return self._sp.decode(list(ids))
 
 
-class HFTokenizer:
+class HFTokenizer(_MegatronIdentity):
     """A Hugging Face `tokenizers` tokenizer (hub download or trained byte-level BPE)."""
 
     def __init__(self, name: str, tokenizer_json: str, eod_token: str | None = None) -> None:
@@ -143,8 +157,13 @@ class HFTokenizer:
         self.__init__(state["name"], state["json"], state["eod_token"])  # type: ignore[misc]
 
 
-def build_tokenizer(cfg: TokenizerConfig, trained_file: Path | None = None) -> TextTokenizer:
-    """Load the tokenizer `cfg` names; a bytebpe tokenizer is read from `trained_file`."""
+def build_tokenizer(cfg: TokenizerConfig, saved_file: Path | None = None) -> TextTokenizer:
+    """Load the tokenizer `cfg` names.
+
+    `saved_file` is the tokenizer.json the prepare stage leaves beside the data for
+    trained (bytebpe) and hub (hf) tokenizers: read from it, neither needs training or a
+    network again.
+    """
     if cfg.kind == TokenizerKind.gpt2:
         tok: TextTokenizer = TiktokenGPT2(cfg.name, assets.gpt2_asset(cfg.asset))
     elif cfg.kind == TokenizerKind.sentencepiece:
@@ -152,15 +171,16 @@ def build_tokenizer(cfg: TokenizerConfig, trained_file: Path | None = None) -> T
         if not model.is_file():
             raise DataPrepError(f"SentencePiece model {model} not found; fix tokenizer.asset")
         tok = SentencePiece(cfg.name, model)
+    elif saved_file is not None and saved_file.is_file():
+        eod_token = ENDOFTEXT if cfg.kind == TokenizerKind.bytebpe else cfg.eod_token
+        tok = HFTokenizer(cfg.name, saved_file.read_text(encoding="utf-8"), eod_token)
     elif cfg.kind == TokenizerKind.hf:
         tok = _from_hub(cfg)
     else:
-        if trained_file is None or not trained_file.is_file():
-            raise DataPrepError(
-                f"trained tokenizer {cfg.name!r} not found at {trained_file}; "
-                "run `python -m pipelines.prepare` for this data and tokenizer first"
-            )
-        tok = HFTokenizer(cfg.name, trained_file.read_text(encoding="utf-8"), ENDOFTEXT)
+        raise DataPrepError(
+            f"trained tokenizer {cfg.name!r} not found at {saved_file}; "
+            "run `python -m pipelines.prepare` for this data and tokenizer first"
+        )
     if cfg.vocab_size is not None and tok.vocab_size != cfg.vocab_size:
         raise DataPrepError(
             f"tokenizer={cfg.name} has {tok.vocab_size} entries but tokenizer.vocab_size says "
