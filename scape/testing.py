@@ -93,12 +93,14 @@ def run_distributed(
     timeout_s: float = 300.0,
     log_dir: str | os.PathLike | None = None,
     env: dict[str, str] | None = None,
+    on_wait: Callable[[], None] | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` spawned ranks.
 
     ``fn`` must be importable (module level). Returns the per-rank results in rank order.
     ``env`` is applied in each rank before the process group starts (e.g. ``GLOO_SOCKET_IFNAME``).
+    ``on_wait`` is called about every 0.2 s while the ranks run (e.g. to draw progress).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -138,6 +140,7 @@ def run_distributed(
         collected: dict[int, Any] = {}
         failure: str | None = None
         deadline = time.monotonic() + timeout_s + 30
+        last_poll = time.monotonic()
         while len(collected) < world_size and failure is None:
             if not results.empty():
                 rank, ok, value = results.get()
@@ -156,6 +159,9 @@ def run_distributed(
                 failure = f"timed out after {timeout_s:.0f}s; collected ranks {sorted(collected)}"
             else:
                 time.sleep(0.02)
+                if on_wait is not None and time.monotonic() - last_poll > 0.2:
+                    on_wait()
+                    last_poll = time.monotonic()
         if failure is not None:
             raise DistributedRunError(failure)
         for p in procs:

@@ -1,0 +1,137 @@
+"""Multi-rank checkpoints: atomic, hash-checked, the last K kept, the newest valid one found.
+
+Layout of one checkpoint (ZeRO-style: each rank saves its own optimizer shard):
+
+    <run>/checkpoints/step_00000050/
+        manifest.json    step, world size, sha256 of every file (written last)
+        common.pt        rank 0: model weights, LR scheduler, anything rank-independent
+        rank00000.pt     rank r: its optimizer shard (and SCAPE's per-rank state), RNG
+
+All ranks write into ``.step_00000050.partial/``; rank 0 renames it to the final name only
+after every rank has finished and the manifest is written. A killed run therefore leaves a
+partial directory (removed on the next save) and never a half-written checkpoint under a
+final name. Loading checks hashes and falls back to the previous checkpoint when the newest
+is corrupt. ``torch.load`` always runs with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CheckpointError", "find_latest_valid", "load_rank_files", "save_checkpoint"]
+
+PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank{rank:05d}.pt"
+
+
+def save_checkpoint(
+    root: Path, step: int, *, common: dict[str, Any] | None, rank_state: dict[str, Any], keep: int
+) -> Path:
+    """Collective: every rank calls it; rank 0 passes ``common``, others None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = root / _name(step)
+    partial = root / f".{_name(step)}.partial"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+    dist.barrier()
+    torch.save(rank_state, partial / _rank_file(rank))
+    if rank == 0:
+        torch.save(common or {}, partial / "common.pt")
+    dist.barrier()
+    if rank == 0:
+        files = {p.name: _sha256(p) for p in sorted(partial.glob("*.pt"))}
+        manifest = {"step": step, "world_size": world, "files": files, "created": time.time()}
+        (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if final.exists():  # the same step saved again (e.g. at the end of a resumed run)
+            shutil.rmtree(final)
+        partial.rename(final)
+        _prune(root, keep)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(f".{PREFIX}*.partial"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _problem(path: Path, world_size: int) -> str | None:
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        return "no manifest.json (interrupted while saving?)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        return f"unreadable manifest.json ({err})"
+    if manifest.get("world_size") != world_size:
+        return (
+            f"saved with world size {manifest.get('world_size')}, this run has {world_size}; "
+            "resume with the same number of ranks (the optimizer state is sharded per rank)"
+        )
+    expected = {"common.pt", *(_rank_file(r) for r in range(world_size))}
+    if set(manifest.get("files", {})) != expected:
+        return "manifest lists the wrong files"
+    for name, digest in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if _sha256(file) != digest:
+            return f"{name} does not match its sha256 (corrupt or truncated)"
+    return None
+
+
+def find_latest_valid(root: Path, world_size: int, *, log=print) -> Path | None:
+    """The newest checkpoint whose files all match their manifest; corrupt ones are reported."""
+    if not root.is_dir():
+        return None
+    for path in sorted((p for p in root.glob(f"{PREFIX}*") if p.is_dir()), reverse=True):
+        problem = _problem(path, world_size)
+        if problem is None:
+            return path
+        if "world size" in problem:
+            raise CheckpointError(f"{path}: {problem}")
+        log(f"warning: skipping checkpoint {path}: {problem}; trying the previous one")
+    return None
+
+
+def load_rank_files(path: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(common, this rank's state), weights only."""
+    common = torch.load(path / "common.pt", map_location="cpu", weights_only=True)
+    mine = torch.load(path / _rank_file(rank), map_location="cpu", weights_only=True)
+    return common, mine
+
+
+def step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX) :])

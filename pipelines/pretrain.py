@@ -1,0 +1,135 @@
+"""Hydra stage: pre-train a Megatron-Core GPT/Llama with dense AdamW, dense AdamS or SCAPE.
+
+    python -m pipelines.pretrain                                   # tiny GPT, SCAPE-99, 2 CPU ranks
+    python -m pipelines.pretrain optimizer=adams model=tiny_llama
+    python -m pipelines.pretrain experiment=llama500m_slimpj_quality scale=tiny
+    python -m pipelines.pretrain experiment=gpt345m_owt_quality scale=paper cluster=vista  # Slurm
+    python -m pipelines.pretrain -m optimizer=adamw,adams,scape90,scape99                   # a sweep
+
+A run lives in ``<output_root>/<experiment>/<model>-<optimizer>-seed<seed>/``: metrics.jsonl,
+checkpoints/, export/ (the final model for evaluation), summary.json, logs/ (one per rank).
+Starting the same run again resumes from its newest valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep.dataset import load_prepared, prepared_dir
+from data_prep.errors import DataPrepError
+from pipelines.config import ConfigError, PretrainConfig, register_configs, validate
+from pipelines.tracking import METRICS_FILE, read_metrics, run_name
+
+__all__ = ["main", "run", "run_dir_of"]
+
+register_configs()
+
+
+def run_dir_of(cfg: PretrainConfig) -> Path:
+    return Path(cfg.output_root) / cfg.experiment / run_name(cfg)
+
+
+def _to_config(cfg: PretrainConfig | DictConfig) -> PretrainConfig:
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_object(cfg)
+    validate(cfg)
+    return cfg
+
+
+def _check_data(cfg: PretrainConfig) -> None:
+    path = prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name)
+    try:
+        load_prepared(path, verify_hashes=False)
+    except DataPrepError as err:
+        raise DataPrepError(
+            f"{err} (for this run: python -m pipelines.prepare data={cfg.data.name} "
+            f"tokenizer={cfg.tokenizer.name} output_root={cfg.data_root})"
+        ) from None
+
+
+class _Progress:
+    """Draws rank 0's progress from metrics.jsonl while the ranks run (their output goes to logs/)."""
+
+    def __init__(self, path: Path, total: int, enabled: bool, label: str) -> None:
+        self.path, self.total, self.seen = path, total, 0
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
+
+    def __call__(self) -> None:
+        if self.bar is None:
+            return
+        records = read_metrics(self.path)
+        if not records:
+            return
+        last = records[-1]
+        step = int(last["step"])
+        if step > self.seen:
+            self.bar.update(step - self.seen if self.seen else step)
+            self.seen = step
+            post = {"loss": f"{last['loss']:.3f}"}
+            val = next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None)
+            if val is not None:
+                post["val"] = f"{val:.3f}"
+            self.bar.set_postfix(post)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self()
+            self.bar.close()
+
+
+def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+    from pipelines.trainer import train_rank
+    from scape.testing import run_distributed
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    progress = _Progress(run_dir / METRICS_FILE, cfg.train.train_steps, cfg.progress, run_dir.name)
+    try:
+        results = run_distributed(
+            train_rank,
+            cfg.cluster.world_size,
+            cfg,
+            str(run_dir),
+            timeout_s=7 * 24 * 3600,
+            log_dir=run_dir / "logs",
+            on_wait=progress,
+        )
+    finally:
+        progress.close()
+    return results[0]
+
+
+def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
+    """Validate, check the data, then train on local ranks or submit to Slurm."""
+    cfg = _to_config(cfg)
+    run_dir = run_dir_of(cfg)
+    if cfg.cluster.launcher == "slurm":
+        from pipelines.slurm import submit_pretrain
+
+        return submit_pretrain(cfg, run_dir)
+    _check_data(cfg)
+    return run_local(cfg, run_dir)
+
+
+@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        result = run(cfg)
+    except (ConfigError, DataPrepError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Slurm submission of pretrain runs with submitit (TACC Vista: one GH200 per node).
+
+Each run is one Slurm job of ``cluster.nodes`` nodes x ``cluster.ranks_per_node`` tasks;
+every task is one data-parallel rank. The job is ``Checkpointable``: on preemption or time
+limit submitit signals it, the trainer checkpoints at the next step boundary and the job is
+requeued, then resumes from that checkpoint.
+
+``dry_run=true`` writes what would be submitted (the sbatch script and the resolved config)
+to ``<run>/slurm/`` and submits nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pipelines.config import ConfigError, PretrainConfig
+
+__all__ = ["SlurmTrainJob", "slurm_parameters", "submit_pretrain"]
+
+
+class SlurmTrainJob:
+    """The callable each Slurm task runs: join the process group, train this rank.
+
+    Having a ``checkpoint`` method is what makes submitit requeue it on preemption/timeout.
+    """
+
+    def __call__(self, cfg: PretrainConfig, run_dir: str) -> dict[str, Any]:
+        import torch.distributed as dist
+        from submitit.helpers import TorchDistributedEnvironment
+
+        from pipelines.trainer import train_rank
+
+        env = TorchDistributedEnvironment().export()
+        dist.init_process_group(cfg.cluster.backend)
+        try:
+            return train_rank(env.rank, env.world_size, cfg, run_dir)
+        finally:
+            dist.destroy_process_group()
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """Requeue with the same arguments; training resumes from its newest checkpoint."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def slurm_parameters(cfg: PretrainConfig, job_name: str) -> dict[str, Any]:
+    c = cfg.cluster
+    if not c.account:
+        raise ConfigError(
+            "cluster.account is not set: export SLURM_ACCOUNT=<your allocation> (or pass cluster.account=...)"
+        )
+    return {
+        "job_name": job_name,
+        "partition": c.partition,
+        "account": c.account,
+        "nodes": c.nodes,
+        "ntasks_per_node": c.ranks_per_node,
+        "gpus_per_node": c.gpus_per_node or None,
+        "cpus_per_task": c.cpus_per_task,
+        "time": c.time_minutes,
+        "setup": list(c.setup),
+    }
+
+
+def submit_pretrain(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+    folder = run_dir / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    params = slurm_parameters(cfg, job_name=f"scape-{run_dir.name}")
+    if cfg.dry_run:
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        # submitit's own sbatch writer, so the dry run shows exactly what would be submitted.
+        script = _make_sbatch_string(
+            command="python -u -m submitit.core._submit '%j'", folder=str(folder), **params
+        )
+        (folder / "job.sbatch").write_text(script)
+        return {"status": "dry_run", "run_dir": str(run_dir), "sbatch": str(folder / "job.sbatch")}
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    executor.update_parameters(
+        name=params["job_name"],
+        slurm_partition=params["partition"],
+        slurm_account=params["account"],
+        nodes=params["nodes"],
+        tasks_per_node=params["ntasks_per_node"],
+        gpus_per_node=params["gpus_per_node"],
+        cpus_per_task=params["cpus_per_task"],
+        timeout_min=params["time"],
+        slurm_setup=params["setup"],
+    )
+    job = executor.submit(SlurmTrainJob(), cfg, str(run_dir))
+    return {"status": "submitted", "job_id": job.job_id, "run_dir": str(run_dir)}

@@ -1,0 +1,220 @@
+"""One rank of a pre-training run: Megatron-Core model and optimizer, data, schedule,
+evaluation, metrics, checkpoints and resume.
+
+``train_rank(rank, world_size, cfg, run_dir)`` runs inside an initialized process group
+(spawned locally by ``pipelines.pretrain`` or started by Slurm). Rank 0 writes the metrics
+and the common part of checkpoints; every rank saves its own optimizer shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipelines.checkpoint import find_latest_valid, load_rank_files, save_checkpoint, step_of
+from pipelines.config import PretrainConfig
+from pipelines.data import load_training_data
+from pipelines.engine import build_engine
+from pipelines.tracking import RunLogger
+
+__all__ = ["train_rank"]
+
+
+class _Preemption:
+    """SIGTERM/SIGUSR1 (Slurm preemption, submitit timeout) -> checkpoint at the next step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+def _all_mean(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def _any(flag: bool) -> bool:
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+@torch.no_grad()
+def evaluate(training, data, rank: int, cfg: PretrainConfig) -> float:
+    from scape.megatron.train import forward_loss
+
+    model = training.ddp
+    model.eval()
+    losses = [
+        float(forward_loss(model, tokens.to(training.device), labels.to(training.device)))
+        for tokens, labels in data.validation_batches(
+            rank, cfg.train.eval_iters, cfg.train.micro_batch_size
+        )
+    ]
+    model.train()
+    return _all_mean(sum(losses) / len(losses))
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _save(training, scheduler, step: int, run_dir: Path, cfg: PretrainConfig) -> None:
+    training.sync_params()
+    rank = dist.get_rank()
+    common = None
+    if rank == 0:
+        common = {
+            "model": training.model_state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+        }
+    rank_state = {"optimizer": training.optimizer_state(), "rng": _rng_state(), "step": step}
+    save_checkpoint(
+        run_dir / "checkpoints",
+        step,
+        common=common,
+        rank_state=rank_state,
+        keep=cfg.train.keep_checkpoints,
+    )
+
+
+def _resume(training, scheduler, run_dir: Path, log) -> int:
+    """Load the newest valid checkpoint (rank 0 decides which); returns the step reached."""
+    choice = [None]
+    if dist.get_rank() == 0:
+        path = find_latest_valid(run_dir / "checkpoints", dist.get_world_size(), log=log)
+        choice = [str(path) if path else None]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return 0
+    path = Path(choice[0])
+    common, mine = load_rank_files(path, dist.get_rank())
+    training.load_model_state_dict(common["model"])
+    training.load_optimizer_state(mine["optimizer"])
+    scheduler.load_state_dict(common["scheduler"])
+    _set_rng_state(mine["rng"])
+    return step_of(path)
+
+
+def _build_scheduler(optimizer, cfg: PretrainConfig):
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    o, t = cfg.optimizer, cfg.train
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if t.warmup_steps else o.lr,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=t.warmup_steps,
+        lr_decay_steps=max(t.train_steps, t.warmup_steps + 1),
+        lr_decay_style=t.lr_decay_style,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=t.train_steps,
+        wd_incr_style="constant",
+    )
+
+
+def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) -> dict[str, Any]:
+    """Train (or resume) until ``cfg.train.train_steps``; returns a summary (rank 0's is written)."""
+    run = Path(run_dir)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    t = cfg.train
+    batch_per_rank = t.global_batch_size // world_size
+    training = build_engine(cfg, world_size)
+    scheduler = _build_scheduler(training.optimizer, cfg)
+    logger = RunLogger(run, cfg, enabled=rank == 0)
+    start_step = _resume(training, scheduler, run, logger.warn)
+    if start_step >= t.train_steps and (run / "summary.json").is_file():
+        logger.warn(f"{run} already finished at step {start_step}; nothing to do")
+        return json.loads((run / "summary.json").read_text()) | {"status": "already finished"}
+    logger.start(resumed_from=start_step)
+    data = load_training_data(
+        training.data_dir,
+        seed=t.seed,
+        seq_length=cfg.model.seq_length,
+        world_size=world_size,
+        batch_per_rank=batch_per_rank,
+        steps=t.train_steps,
+        cache_dir=run / "dataset_cache",
+    )
+    preemption = _Preemption()
+    tokens_per_step = t.global_batch_size * cfg.model.seq_length
+    val_loss = None
+    step = start_step
+    run_start = time.perf_counter()
+    while step < t.train_steps:
+        # Advance first: the scheduler sets the lr for its `num_steps`, so step 1 gets the
+        # first warm-up lr rather than Megatron's lr_warmup_init of 0.
+        scheduler.step(1)
+        lr = training.current_lr()
+        result = training.step(data.rank_micro_batches(step, rank, t.micro_batch_size))
+        step += 1
+        loss = _all_mean(result.loss)
+        if not math.isfinite(loss):
+            logger.warn(f"step {step}: non-finite loss {loss}")
+        record = {
+            "step": step,
+            "tokens": step * tokens_per_step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "skipped": not result.updated,
+            "step_time": result.seconds,
+            "tokens_per_s": tokens_per_step / result.seconds,
+            "bytes": training.bytes_last_step(),
+        }
+        if step % t.eval_interval == 0 or step == t.train_steps:
+            val_loss = evaluate(training, data, rank, cfg)
+            record["val_loss"] = val_loss
+        if step % t.consistency_check_interval == 0:
+            training.check_consistency(step)
+        logger.log(record)
+        stop = _any(preemption.requested)
+        if step % t.checkpoint_interval == 0 or step == t.train_steps or stop:
+            _save(training, scheduler, step, run, cfg)
+        if stop:
+            logger.warn(f"preemption requested: checkpointed at step {step}, exiting for requeue")
+            logger.finish()
+            return {"status": "preempted", "step": step}
+    summary = {
+        "status": "finished",
+        "step": step,
+        "resumed_from": start_step,
+        "final_val_loss": val_loss,
+        "wall_clock_s_this_session": time.perf_counter() - run_start,
+        "config": asdict(cfg),
+    }
+    if rank == 0:
+        training.export(run / "export", step)
+        (run / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    logger.finish()
+    return {k: v for k, v in summary.items() if k != "config"}
