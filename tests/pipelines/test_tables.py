@@ -1,0 +1,57 @@
+"""The tables stage computes its ratios from the runs' own metrics and writes every format."""
+
+import json
+
+from omegaconf import OmegaConf
+
+from pipelines.config import compose
+from pipelines.tables import TablesConfig, run
+
+
+def _fake_run(root, optimizer, step_time, bytes_per_step, final_val):
+    cfg = compose([f"optimizer={optimizer}", "experiment=llama1p8b_step", "scale=tiny"])
+    run_dir = root / cfg.experiment / f"{optimizer}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    lines = []
+    for step in range(1, 11):
+        rec = {
+            "step": step,
+            "loss": 5.0 - 0.1 * step,
+            "step_time": step_time,
+            "bytes": {"grad_values": bytes_per_step / 2, "param_values": bytes_per_step / 2},
+        }
+        if step == 10:
+            rec["val_loss"] = final_val
+        lines.append(json.dumps(rec))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run_dir / "eval").mkdir()
+    (run_dir / "eval" / "results.json").write_text(
+        json.dumps({"tasks": {"cloze": {"acc": 0.25, "acc_stderr": 0.01}}})
+    )
+
+
+def test_speed_up_and_time_saved_against_adams(tmp_path):
+    _fake_run(tmp_path / "runs", "adams", 2.0, 4e6, 4.00)
+    _fake_run(tmp_path / "runs", "scape99", 0.5, 1e5, 4.04)
+    out = run(TablesConfig(output_root=str(tmp_path / "runs"), out_dir=str(tmp_path / "tables")))
+    assert out["runs"] == 2
+    eff = (tmp_path / "tables" / "efficiency.md").read_text()
+    assert "| llama1p8b_step | SCAPE-99 | 0.500 | 5.0 | 0.100 |" in eff
+    assert "4.00x | 75.0% | up to 3.26x per step vs AdamS |" in eff
+    quality = (tmp_path / "tables" / "quality.md").read_text()
+    assert "| SCAPE-99 | 0.99 | 4.040 |" in quality and "+1.00%" in quality
+    assert "cloze/acc" in quality and "stderr" not in quality
+    for name in [
+        "quality.csv",
+        "quality.tex",
+        "efficiency.csv",
+        "efficiency.tex",
+        "loss_llama1p8b_step.png",
+        "wandb_report.json",
+    ]:
+        assert (tmp_path / "tables" / name).stat().st_size > 0
+    spec = json.loads((tmp_path / "tables" / "wandb_report.json").read_text())
+    assert (
+        spec["sections"][0]["group"] == "llama1p8b_step" and len(spec["sections"][0]["runs"]) == 2
+    )
