@@ -7,9 +7,12 @@ STAMP  := $(VENV)/.installed
 REQS   := requirements/cpu.txt requirements/cpu-lock.txt pyproject.toml
 
 export OMP_NUM_THREADS ?= 1
-export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast lint bench-core prepare clean-venv
+SCALE   ?= tiny
+CLUSTER ?= local
+DRY_RUN ?= 0
+
+.PHONY: setup test lint bench-core prepare reproduce-table quality-study clean-venv
 
 setup: $(STAMP)
 
@@ -35,8 +38,25 @@ lint: $(STAMP)
 prepare: $(STAMP)
 	$(PY) -m pipelines.prepare $(ARGS)
 
+# The main job. Default: tiny GPT + tiny Llama x {AdamW, AdamS, SCAPE-90, SCAPE-99} on 2 local
+# CPU ranks, offline (~15-20 min on 2 cores). SCALE=paper CLUSTER=vista submits the paper's
+# sweeps to Slurm with submitit (DRY_RUN=1: write the sbatch scripts, submit nothing).
+# W&B logs offline unless WANDB_API_KEY is set. Extra Hydra overrides for every run go in ARGS.
+reproduce-table: $(STAMP)
+	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
+
 bench-core: $(STAMP)
 	$(PY) -m benchmarks.core $(ARGS)
+
+# Quality study (issue 7): SCAPE vs dense AdamW/AdamS at 90/99% sparsity, with ablations.
+# Writes results/quality/ and resumes (finished runs are skipped); a few hours on 2 cores.
+# QUICK=1: a minutes-long version into outputs/quality_quick/. Hydra overrides go in ARGS.
+# Its data is the embedded corpus with a 1,024-entry byte-level BPE, prepared on first use.
+QUALITY_DATA := data/enwiki_sample__bytebpe1k
+quality-study: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe4k \
+		tokenizer.name=bytebpe1k tokenizer.vocab_size=1024
+	$(PY) -m pipelines.quality_study $(if $(QUICK),quick=true) data_dir=$(QUALITY_DATA) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,162 @@
+"""`make reproduce-table`: prepare -> pretrain every optimizer -> evaluate -> tables.
+
+    python -m pipelines.reproduce                              # tiny, offline, 2 local CPU ranks
+    python -m pipelines.reproduce --scale paper --cluster vista [--dry-run]
+
+At ``--scale tiny`` everything runs here: the embedded corpus, a tiny GPT (GPT-345M's
+experiment) and a tiny Llama (Llama-500M's), each with AdamW, AdamS, SCAPE-90 and SCAPE-99,
+then lm-eval on local offline tasks, then the tables. Finished runs are not redone (a
+pretrain run resumes from its checkpoint; a finished one returns at once).
+
+At ``--scale paper`` it submits every paper experiment's sweep to Slurm with submitit
+(``--dry-run`` writes the sbatch scripts and resolved configs instead) and prints the
+commands that evaluate and tabulate once the jobs are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pipelines.config import compose
+
+TINY_EXPERIMENTS = ["gpt345m_owt_quality", "llama500m_slimpj_quality"]
+PAPER_EXPERIMENTS = [
+    "gpt345m_owt_quality",
+    "llama500m_slimpj_quality",
+    "llama500m_wallclock",
+    "llama1p8b_step",
+]
+
+
+def _banner(text: str) -> None:
+    print(f"\n=== {text}", flush=True)
+
+
+def _prepare(cfg) -> None:
+    from data_prep.config import PrepareConfig
+    from pipelines.prepare import run as prepare_run
+
+    result = prepare_run(
+        PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer, output_root=cfg.data_root)
+    )
+    print(result.summary(), flush=True)
+
+
+def _evaluate(run_dir: Path, scale: str) -> dict:
+    from pipelines.evaluate import evaluate_run_dir
+
+    return evaluate_run_dir(run_dir, scale=scale)
+
+
+def reproduce(
+    scale: str,
+    cluster: str,
+    dry_run: bool,
+    experiments: list[str],
+    output_root: str,
+    tables_dir: str,
+    overrides: list[str],
+) -> None:
+    from pipelines.pretrain import run as pretrain_run
+    from pipelines.pretrain import run_dir_of
+    from pipelines.tables import TablesConfig
+    from pipelines.tables import run as tables_run
+
+    start = time.perf_counter()
+    base = [f"scale={scale}", f"output_root={output_root}", *overrides]
+    if cluster != "local" or scale == "paper":
+        base.append(f"cluster={cluster}")
+    if dry_run:
+        base.append("dry_run=true")
+    configs = []
+    for experiment in experiments:
+        sweep = compose([f"experiment={experiment}", *base]).sweep
+        configs += [
+            compose([f"experiment={experiment}", f"optimizer={name}", *base]) for name in sweep
+        ]
+    local = all(c.cluster.launcher == "local" for c in configs)
+    if local:
+        _banner("1/4 prepare the data (offline default corpus and tokenizer)")
+        seen = set()
+        for cfg in configs:
+            key = (cfg.data.name, cfg.tokenizer.name)
+            if key not in seen:
+                seen.add(key)
+                _prepare(cfg)
+    _banner(f"2/4 pretrain {len(configs)} runs ({', '.join(experiments)})")
+    run_dirs = []
+    for i, cfg in enumerate(configs, 1):
+        print(
+            f"[{i}/{len(configs)}] {cfg.experiment}: {cfg.model.name} with {cfg.optimizer.label} -> {run_dir_of(cfg)}",
+            flush=True,
+        )
+        result = pretrain_run(cfg)
+        print(
+            f"    {json.dumps({k: v for k, v in result.items() if k in ('status', 'step', 'final_val_loss', 'job_id', 'sbatch')})}",
+            flush=True,
+        )
+        run_dirs.append(run_dir_of(cfg))
+    if not local:
+        _banner("submitted; when the jobs have finished, evaluate and tabulate with:")
+        for run_dir in run_dirs:
+            print(f"  python -m pipelines.evaluate run_dir={run_dir} scale=paper")
+        print(f"  python -m pipelines.tables output_root={output_root} out_dir={tables_dir}")
+        return
+    _banner("3/4 evaluate (validation perplexity and offline lm-eval tasks)")
+    for run_dir in run_dirs:
+        print(f"  {run_dir}", flush=True)
+        _evaluate(run_dir, scale)
+    _banner("4/4 tables")
+    out = tables_run(
+        TablesConfig(output_root=output_root, experiments=experiments, out_dir=tables_dir)
+    )
+    print(out["quality"])
+    print(out["efficiency"])
+    minutes = (time.perf_counter() - start) / 60
+    print(
+        f"done in {minutes:.1f} min. Tables and loss curves: {tables_dir}/ ; runs: {output_root}/",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Reproduce the paper's tables (tiny here, or paper scale on Slurm)."
+    )
+    parser.add_argument("--scale", choices=["tiny", "paper"], default="tiny")
+    parser.add_argument("--cluster", default="local", help="a conf/cluster/ name (local, vista)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="Slurm: write sbatch scripts, submit nothing"
+    )
+    parser.add_argument(
+        "--experiments", default=None, help="comma-separated conf/experiment/ names"
+    )
+    parser.add_argument("--output-root", default="runs")
+    parser.add_argument("--tables-dir", default="results/tables")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="extra Hydra overrides for every run, e.g. train.train_steps=50",
+    )
+    args = parser.parse_args(argv)
+    experiments = (
+        args.experiments.split(",")
+        if args.experiments
+        else (TINY_EXPERIMENTS if args.scale == "tiny" else PAPER_EXPERIMENTS)
+    )
+    reproduce(
+        args.scale,
+        args.cluster,
+        args.dry_run,
+        experiments,
+        args.output_root,
+        args.tables_dir,
+        args.overrides,
+    )
+
+
+if __name__ == "__main__":
+    main()
