@@ -88,6 +88,9 @@ def summarize_measured(results: list[dict[str, Any]]) -> dict[str, Any]:
         series = entry["overlap_series"]
         late = [o for _, o in series[len(series) // 2 :]]
         entry["mask_overlap_median_late"] = statistics.median(late) if late else None
+    order = [m["name"] for m in MEASURED_METHODS]
+    methods = dict(sorted(methods.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
+                          else len(order)))  # fmt: skip
     return {"world_size": len(results), "n_params": results[0]["n_params"],
             "shard_size": results[0]["shard_size"], "methods": methods}  # fmt: skip
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -62,10 +63,13 @@ def summarize(results: list[dict[str, Any]], world: int) -> dict[str, Any]:
         if rows[0]["measured"]:
             per_method.setdefault(rows[0]["method"], []).append(rows)
     cal = results[0].get("calibration", [])
-    fits = {}
+    fits, fit_error = {}, None
     if cal:
-        fits = {"reduce_scatter": _fit(cal, world, "reduce_scatter"),
-                "all_gather": _fit(cal, world, "all_gather")}  # fmt: skip
+        try:
+            fits = {"reduce_scatter": _fit(cal, world, "reduce_scatter"),
+                    "all_gather": _fit(cal, world, "all_gather")}  # fmt: skip
+        except ValueError as err:  # too noisy to separate latency from bandwidth
+            fit_error = str(err)
     dense_name = next(n for n in per_method if n.startswith("dense"))
     dense_by_step = {
         rows[0]["step"]: max(r["wall"] for r in rows) for rows in per_method[dense_name]
@@ -113,6 +117,7 @@ def summarize(results: list[dict[str, Any]], world: int) -> dict[str, Any]:
     return {
         "methods": methods,
         "fits": {op: f.to_dict() for op, f in fits.items()},
+        "fit_error": fit_error,
         "calibration": cal,
         "wire_over_counted_bytes": wire,
         "n_params": results[0]["n_params"],
@@ -130,7 +135,7 @@ def run_config(world: int, rate_mbit: float, args: argparse.Namespace, tmp: Path
         "reduce_scatter": "ring",
     }
     link = LinkSpec(rate_mbit)
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     with Cluster(world, link) as cluster:
         results = launch_ranks("benchmarks.rank_main", spec, tmp / f"w{world}-{link.label}",
                                world_size=world, cluster=cluster, timeout_s=args.timeout)  # fmt: skip
@@ -138,7 +143,7 @@ def run_config(world: int, rate_mbit: float, args: argparse.Namespace, tmp: Path
     summary = summarize(results, world)
     summary.update(world_size=world, link={"rate_mbit": rate_mbit, "burst_bytes": link.burst,
                    "latency_ms": link.latency_ms, "label": link.label},
-                   seconds=time.perf_counter() - start,
+                   seconds=time.perf_counter() - start, loadavg=[load_before, os.getloadavg()[0]],
                    tc_dropped_packets=sum(int(n) for n in re.findall(r"dropped (\d+)", qdisc)))  # fmt: skip
     return summary
 
