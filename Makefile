@@ -48,6 +48,32 @@ reproduce-table: $(STAMP)
 bench-core: $(STAMP)
 	$(PY) -m benchmarks.core $(ARGS)
 
+# Performance (issue 6): bytes, optimizer overhead, emulated cluster (network namespaces:
+# run as root, else that part is skipped with a message), projection, README. ~15 min.
+# Writes results/bench/*.json and results/bench/README.md.
+.PHONY: bench bench-bytes bench-overhead bench-cluster bench-project bench-report
+bench: $(STAMP)
+	$(PY) -m benchmarks.bytes
+	$(PY) -m benchmarks.overhead
+	$(PY) -m benchmarks.cluster
+	$(PY) -m benchmarks.projection
+	$(PY) -m benchmarks.report
+
+bench-bytes: $(STAMP)
+	$(PY) -m benchmarks.bytes $(ARGS)
+
+bench-overhead: $(STAMP)
+	$(PY) -m benchmarks.overhead $(ARGS)
+
+bench-cluster: $(STAMP)
+	$(PY) -m benchmarks.cluster $(ARGS)
+
+bench-project: $(STAMP)
+	$(PY) -m benchmarks.projection $(ARGS)
+
+bench-report: $(STAMP)
+	$(PY) -m benchmarks.report $(ARGS)
+
 # Quality study (issue 7): SCAPE vs dense AdamW/AdamS at 90/99% sparsity, with ablations.
 # Writes results/quality/ and resumes (finished runs are skipped); a few hours on 2 cores.
 # QUICK=1: a minutes-long version into outputs/quality_quick/. Hydra overrides go in ARGS.
