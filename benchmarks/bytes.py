@@ -46,6 +46,16 @@ MEASURED_METHODS = [
         for enc in ENCODINGS
     ],
 ]
+# The same contenders through Megatron's train step (the adapter has no delta encoding).
+MEGATRON_METHODS = [
+    {"name": "dense-adamw", "optimizer": "adamw"},
+    {"name": "dense-adams"},
+    *[
+        {"name": f"scape-{s}-{enc}", "density": d, "encoding": enc}
+        for s, d in (("90", 0.1), ("99", 0.01))
+        for enc in FIXED_ENCODINGS
+    ],
+]
 PAPER_MODELS = ("gpt-345m", "llama-500m", "llama-1.8b")
 BF16 = 2
 VALUE_KINDS = ("grad_values", "param_values")
@@ -95,6 +105,31 @@ def summarize_measured(results: list[dict[str, Any]]) -> dict[str, Any]:
             "shard_size": results[0]["shard_size"], "methods": methods}  # fmt: skip
 
 
+def megatron_measured(world_size: int, rounds: int) -> dict[str, Any]:
+    """Bytes per rank per step read from real multi-rank Megatron runs (loopback gloo)."""
+    from benchmarks.megatron_workload import scape_adapter_available
+
+    methods = MEGATRON_METHODS
+    note = "dense through Megatron DDP + DistributedOptimizer; SCAPE through scape.megatron"
+    if not scape_adapter_available():
+        methods = [m for m in methods if m["name"].startswith("dense")]
+        note = "SCAPE adapter (scape.megatron.optimizer) not present: dense methods only"
+    spec = {"workload": "megatron", "model": MODEL, "methods": methods, "warmup": 2,
+            "rounds": rounds, "reduce_scatter": "ring"}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="scape-bytes-mg-") as tmp:
+        results = launch_ranks("benchmarks.rank_main", spec, Path(tmp), world_size=world_size,
+                               timeout_s=900)  # fmt: skip
+    out: dict[str, Any] = {"world_size": world_size, "n_params": results[0]["n_params"],
+                           "padded": results[0]["padded"], "note": note, "methods": {}}  # fmt: skip
+    for name in [m["name"] for m in methods]:
+        rows = [r for r in results[0]["steps"] if r["method"] == name and r["measured"]]
+        kinds = sorted({k for r in rows for k in r["bytes"]})
+        out["methods"][name] = {
+            k: statistics.median(r["bytes"].get(k, 0.0) for r in rows) for k in kinds
+        }
+    return out
+
+
 def paper_scale_bytes(n_params: int, world_size: int, overlap: dict[float, float]) -> dict:
     """Per-rank bytes per step at scale, bf16 values; ``overlap[density]`` sizes the delta."""
     buckets = megatron_buckets(n_params, world_size)
@@ -136,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--megatron-rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/bench/bytes.json"))
     args = parser.parse_args(argv)
     spec = {"model": MODEL, "methods": MEASURED_METHODS, "warmup": args.warmup,
@@ -149,13 +185,20 @@ def main(argv: list[str] | None = None) -> int:
         d: measured["methods"][f"scape-{s}-delta"]["mask_overlap_median_late"]
         for s, d in (("90", 0.1), ("99", 0.01))
     }
+    report: dict[str, Any] = {"model": MODEL, "measured": measured,
+                              "overlap_used_at_scale": overlap}  # fmt: skip
+    print("== bytes: the same through Megatron's train step, 2 gloo ranks", flush=True)
+    try:
+        report["megatron"] = megatron_measured(2, args.megatron_rounds)
+    except Exception as err:  # report and carry on: the other sections stand on their own
+        report["megatron"] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+        print(f"  Megatron byte run FAILED: {report['megatron']['error'][:300]}")
     from scape.megatron.models import SHAPES, count_params
 
     paper = {
         name: paper_scale_bytes(count_params(SHAPES[name]), 32, overlap) for name in PAPER_MODELS
     }
-    report = {"model": MODEL, "measured": measured, "overlap_used_at_scale": overlap,
-              "paper_scale": paper}  # fmt: skip
+    report.update(paper_scale=paper)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     for name, m in measured["methods"].items():

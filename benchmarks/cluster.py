@@ -36,7 +36,6 @@ DEFAULT_METHODS = [
     {"name": "dense-adams"},
     {"name": "scape-90", "density": 0.1},
     {"name": "scape-99", "density": 0.01},
-    {"name": "scape-99-delta", "density": 0.01, "encoding": "delta"},
     {"name": "scape-90-sync", "density": 0.1, "overlap": False},
     {"name": "scape-99-sync", "density": 0.01, "overlap": False},
 ]
@@ -152,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rates-mbit", type=float, nargs="+", default=[1000, 10000])
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--out", type=Path, default=Path("results/bench/cluster.json"))
     args = parser.parse_args(argv)

@@ -65,18 +65,38 @@ def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
     return out
 
 
-def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    shape = LlamaShape(**spec["model"])
-    model = TinyLlama(shape, seed=spec.get("seed", 0))
-    flat = FlatModel(model, lambda m, batch: m(batch), world)
+def _flat_methods(spec: dict[str, Any], shape: LlamaShape, world: int) -> tuple[list, dict]:
+    """The communicator-level workload: one model, a flat buffer per method."""
+    flat = FlatModel(TinyLlama(shape, seed=spec.get("seed", 0)), lambda m, batch: m(batch), world)
     comm = (
         RingCommunicator() if spec.get("reduce_scatter", "ring") == "ring" else SparseCommunicator()
     )
-    methods = [
-        build_method(MethodSpec.from_dict(m), flat, comm, HParams(**spec.get("hparams", {})))
-        for m in spec["methods"]
-    ]
+    hp = HParams(**spec.get("hparams", {}))
+    methods = [build_method(MethodSpec.from_dict(m), flat, comm, hp) for m in spec["methods"]]
+    sizes = {"n_params": shape.num_params(), "padded": flat.layout.total,
+             "shard_size": flat.shard_size}  # fmt: skip
+    return methods, sizes
+
+
+def _megatron_methods(spec: dict[str, Any], shape: LlamaShape, world: int) -> tuple[list, dict]:
+    """Megatron's train step (dense baselines; SCAPE when the adapter is present)."""
+    from benchmarks.megatron_workload import CollectiveTap, MegatronMethod
+    from scape.megatron.dense import init_megatron
+
+    init_megatron(spec.get("seed", 0) + 1234)
+    tap = CollectiveTap(ring=spec.get("reduce_scatter", "ring") == "ring")
+    methods = [MegatronMethod(MethodSpec.from_dict(m), shape, tap, spec.get("seed", 0))
+               for m in spec["methods"]]  # fmt: skip
+    padded = methods[0].ddp.buffers[0].grad_data.numel()
+    n = sum(p.numel() for p in methods[0].ddp.module.parameters())
+    return methods, {"n_params": n, "padded": padded, "shard_size": padded // world}
+
+
+def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shape = LlamaShape(**spec["model"])
+    build = _megatron_methods if spec.get("workload") == "megatron" else _flat_methods
+    methods, sizes = build(spec, shape, world)
     warmup, rounds = spec["warmup"], spec["rounds"]
     records = []
     for i in range(warmup + rounds):
@@ -92,8 +112,7 @@ def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
             row.update(wall=wall, measured=i >= warmup,
                        tx_bytes=None if tx0 is None else tx1 - tx0)  # fmt: skip
             records.append(row)
-    return {"n_params": shape.num_params(), "padded": flat.layout.total,
-            "shard_size": flat.shard_size, "steps": records}  # fmt: skip
+    return {**sizes, "workload": spec.get("workload", "comm"), "steps": records}
 
 
 def main() -> None:

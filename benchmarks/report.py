@@ -77,6 +77,7 @@ def bytes_section(b: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
                              for m in models),
                      f"{e['dense_over_this']:.1f}", f"{e['this_over_value_limit']:.2f}"])  # fmt: skip
     lines += _table(["method", *models, f"dense bf16 / this ({models[-1]})", "this / values"], rows)
+    lines += ["", *megatron_bytes_lines(b.get("megatron"))]
     best = {}
     for label in ("90", "99"):
         cands = {n: e["dense_over_this"] for n, e in m["methods"].items()
@@ -85,6 +86,30 @@ def bytes_section(b: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
         best[label] = {"best_fixed": max(fixed.items(), key=lambda kv: kv[1]),
                        "delta": cands.get(f"scape-{label}-delta")}  # fmt: skip
     return lines, best
+
+
+def megatron_bytes_lines(mg: dict[str, Any] | None) -> list[str]:
+    """Bytes read from real multi-rank Megatron runs, beside the communicator-level ones."""
+    if not mg:
+        return ["_No Megatron byte run recorded._"]
+    if "error" in mg:
+        return [f"**Megatron byte run failed:** `{mg['error'][:300]}`"]
+    lines = [f"Read from real {mg['world_size']}-rank Megatron runs ({mg['note']}; "
+             f"{mg['n_params']:,} params, buffer {mg['padded']:,}). On CPU the model is fp32 and "
+             "Megatron reduces grads in fp32, so dense values are 4 bytes here; SCAPE sends bf16 "
+             "grads and its params in the buffer's dtype (fp32 here, bf16 in a bf16 run). Dense "
+             "bytes are counted by a tap on the collectives Megatron calls; SCAPE's by its own "
+             "counter.", ""]  # fmt: skip
+    dense = mg["methods"].get("dense-adams", {})
+    dense_values = dense.get("grad_values", 0.0) + dense.get("param_values", 0.0)
+    rows = []
+    for name, bb in mg["methods"].items():
+        total = sum(bb.get(k, 0.0) for k in ("grad_values", "param_values", "masks"))
+        rows.append([name, _kb(bb.get("grad_values", 0)), _kb(bb.get("param_values", 0)),
+                     _kb(bb.get("masks", 0)), f"{bb.get('scalars', 0):.0f}", _kb(total),
+                     f"{dense_values / total:.1f}" if total else ""])  # fmt: skip
+    return lines + _table(["method (Megatron)", "grad kB", "param kB", "masks kB", "scalars B",
+                           "total kB", "dense / this"], rows)  # fmt: skip
 
 
 def cluster_section(c: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
