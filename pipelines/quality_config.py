@@ -1,0 +1,148 @@
+"""Typed configuration of the quality study (registered in Hydra's ConfigStore by the stage).
+
+A study is a grid: models (one scale preset) x optimizer variants x seeds. Everything that
+fixes a run's numbers lives in :class:`RunSpec`, and a run's id is derived from it, so a
+finished run is found again (and skipped) only when nothing that matters has changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from omegaconf import MISSING
+
+from scape.config import ScapeConfig
+from scape.simulate import METHODS
+
+__all__ = [
+    "ModelSpec",
+    "QualityStudyConfig",
+    "RunSpec",
+    "ScaleConfig",
+    "VariantSpec",
+    "scape_config",
+]
+
+
+@dataclass
+class ModelSpec:
+    """A Megatron GPTModel shape; the vocabulary comes from the prepared data."""
+
+    name: str = MISSING
+    family: str = MISSING  # "gpt" (LayerNorm, GeLU, tied) or "llama" (RMSNorm, SwiGLU, RoPE)
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: int = 256
+    num_query_groups: int | None = None  # None: multi-head attention
+
+
+@dataclass
+class ScaleConfig:
+    """How big and how long: the part of a study that the machine's budget decides."""
+
+    name: str = MISSING
+    models: list[ModelSpec] = field(default_factory=list)
+    world_size: int = 4
+    batch_per_worker: int = 4  # sequences per worker per step
+    seq_length: int = 64
+    steps: int = 300
+    warmup_steps: int = 20  # linear lr warm-up, then cosine to min_lr
+    eval_interval: int = 50  # validation loss every this many steps (and at the end)
+    val_max_sequences: int | None = None  # curve points on this many (None: all); final: all
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class VariantSpec:
+    """One optimizer setting. ``method`` is a Simulator method; the rest is SCAPE's config.
+
+    ``core`` variants run with every seed of the study, ablations with ``ablation_seeds``.
+    """
+
+    method: str = MISSING
+    core: bool = False
+    density: float = 1.0
+    statistic: str = "momentum"
+    residual_weight: float = 1.0
+    age_weight: float = 0.0
+    delay_mask: bool = True
+    error_feedback: bool = True
+    off_mask_momentum: str = "freeze"
+    label: str = ""  # legend / table text; the variant's key when empty
+
+
+@dataclass
+class QualityStudyConfig:
+    quick: bool = False  # the minutes-long version: quick_scale, quick_variants, quick_seeds
+    data_dir: str = "data/enwiki_sample__bytebpe1k"
+    out_dir: str = "results/quality"
+    cache_dir: str = "outputs/quality_cache"  # Megatron GPTDataset index cache
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    variants: dict[str, VariantSpec] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    ablation_seeds: list[int] = field(default_factory=lambda: [0])
+    # Restrict a study to some models / variants (empty: all); the report still reads all runs.
+    only_models: list[str] = field(default_factory=list)
+    only_variants: list[str] = field(default_factory=list)
+    report: bool = True  # write summary, plots after the runs
+    quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
+    quick_variants: list[str] = field(default_factory=list)
+    quick_seeds: list[int] = field(default_factory=lambda: [0])
+    quick_out_dir: str = "outputs/quality_quick"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that fixes one run's numbers."""
+
+    model: ModelSpec
+    variant_name: str
+    variant: VariantSpec
+    seed: int
+    scale: ScaleConfig
+    data_dir: str
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.model.name}__{self.variant_name}__s{self.seed}"
+
+    def fingerprint(self) -> str:
+        """Hash of the settings (not of labels or paths), stored in the run's header."""
+        payload = {
+            "model": asdict(self.model),
+            "variant": {
+                k: v for k, v in asdict(self.variant).items() if k not in ("label", "core")
+            },
+            "seed": self.seed,
+            "data": Path(self.data_dir).name,  # the prepared dataset's <corpus>__<tokenizer>
+            "scale": {k: v for k, v in asdict(self.scale).items() if k not in ("name", "models")},
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def scape_config(variant: VariantSpec, seed: int) -> ScapeConfig | None:
+    """The library's config for a ``scape`` variant (None for the dense methods)."""
+    if variant.method not in METHODS:
+        raise ValueError(f"unknown method {variant.method!r}; use one of {', '.join(METHODS)}")
+    if variant.method != "scape":
+        return None
+    return ScapeConfig(
+        density=variant.density,
+        statistic=variant.statistic,
+        residual_weight=variant.residual_weight,
+        age_weight=variant.age_weight,
+        delay_mask=variant.delay_mask,
+        error_feedback=variant.error_feedback,
+        off_mask_momentum=variant.off_mask_momentum,
+        seed=seed,
+    )

@@ -1,0 +1,234 @@
+"""One quality-study run: a Megatron GPTModel trained by the W-worker simulator.
+
+The simulator (``scape.simulate``) is the project's oracle for SCAPE's numbers: W workers'
+forward/backward on one model, their residuals and the owners' masked AdamS, with the
+collectives replaced by sums in rank order. The model is Megatron-Core's GPTModel (the
+project's training engine) in a one-rank gloo group with TP = PP = 1.
+
+Resuming is per run: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
+``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
+skipped, an unfinished one starts again from step 0 (runs here take a minute or two, and a
+restart from scratch cannot mix two code versions in one curve).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipelines.quality_config import RunSpec, ScaleConfig, scape_config
+from pipelines.quality_data import Batch, StudyData
+from scape.simulate import OptimizerHParams, Simulator
+
+__all__ = ["completed_run", "init_megatron_single_process", "lr_at", "train_run"]
+
+FINAL = "final"  # event of a run's last line
+
+
+def init_megatron_single_process() -> None:
+    """A world-1 gloo group and Megatron's TP = PP = 1 state (idempotent), CPU compat on."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from scape.megatron.cpu_compat import install_cpu_compat
+
+    install_cpu_compat()
+    if not dist.is_initialized():
+        # An in-memory store needs no free port (other engineers' jobs share this machine).
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def build_model(spec: RunSpec, vocab_size: int) -> nn.Module:
+    """The run's GPTModel; weights depend only on the seed (CPU initialization)."""
+    from megatron.core import tensor_parallel
+
+    from scape.megatron.models import ModelShape, build_gpt_model
+
+    m = spec.model
+    shape = ModelShape(
+        m.name,
+        m.family,  # type: ignore[arg-type]
+        m.num_layers,
+        m.hidden_size,
+        m.num_attention_heads,
+        m.ffn_hidden_size,
+        vocab_size,
+        spec.scale.seq_length,
+        num_query_groups=m.num_query_groups,
+    )
+    torch.manual_seed(spec.seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
+    _, model = build_gpt_model(shape)
+    return model
+
+
+def lr_at(step: int, scale: ScaleConfig) -> float:
+    """Linear warm-up to ``lr`` over ``warmup_steps``, cosine to ``min_lr`` at the last step."""
+    if step < scale.warmup_steps:
+        return scale.lr * (step + 1) / scale.warmup_steps
+    span = max(1, scale.steps - scale.warmup_steps)
+    progress = min(1.0, (step - scale.warmup_steps) / span)
+    return scale.min_lr + 0.5 * (scale.lr - scale.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def lm_loss(model: nn.Module, batch: Batch) -> Tensor:
+    from scape.megatron.train import forward_loss
+
+    tokens, labels = batch
+    return forward_loss(model, tokens, labels)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list[Batch]) -> float:
+    """Token-weighted mean loss over the validation batches."""
+    model.eval()
+    total, count = 0.0, 0
+    for tokens, labels in batches:
+        total += float(lm_loss(model, (tokens, labels))) * tokens.numel()
+        count += tokens.numel()
+    model.train()
+    return total / count
+
+
+def _mask_overlap(previous: list[list[Tensor]] | None, current: list[list[Tensor]]) -> float | None:
+    """|M_t ∩ M_{t-1}| / k, averaged over shards (same definition for every variant)."""
+    if previous is None:
+        return None
+    fractions = [
+        torch.isin(now, before).sum().item() / now.numel()
+        for prev_b, cur_b in zip(previous, current, strict=True)
+        for before, now in zip(prev_b, cur_b, strict=True)
+    ]
+    return sum(fractions) / len(fractions)
+
+
+def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The final record of a finished run with these settings, else None."""
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        return None
+    header, last = json.loads(lines[0]), json.loads(lines[-1])
+    if header.get("fingerprint") != fingerprint or last.get("event") != FINAL:
+        return None
+    return last
+
+
+def _diverged(loss: float, vocab_size: int) -> bool:
+    # Worse than guessing uniformly (plus a margin): the run has left the training regime.
+    return not math.isfinite(loss) or loss > math.log(vocab_size) + 1.0
+
+
+def train_run(
+    spec: RunSpec,
+    data: StudyData,
+    val_batches: list[Batch],
+    final_val_batches: list[Batch],
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Train one run, writing its JSONL; return the final record.
+
+    ``val_batches`` (a fixed subset, cheap) give the curve every ``eval_interval`` steps;
+    ``final_val_batches`` (the whole validation split) give the final validation loss.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final_path = out_dir / f"{spec.run_id}.jsonl"
+    done = completed_run(final_path, spec.fingerprint())
+    if done is not None:
+        return done
+    scale = spec.scale
+    model = build_model(spec, data.vocab_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    hparams = OptimizerHParams(
+        lr=scale.lr,
+        betas=(scale.beta1, scale.beta2),
+        eps=scale.eps,
+        weight_decay=scale.weight_decay,
+        max_grad_norm=scale.max_grad_norm,
+    )
+    sim = Simulator(
+        model,
+        scale.world_size,
+        method=spec.variant.method,
+        hparams=hparams,
+        scape=scape_config(spec.variant, spec.seed),
+    )
+    tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
+    partial = out_dir / f"{spec.run_id}.jsonl.partial"
+    start = time.perf_counter()
+    skipped, diverged, prev_masks, last_val = 0, False, None, float("nan")
+    with open(partial, "w", encoding="utf-8") as log:
+
+        def write(record: dict[str, Any]) -> None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+        write(
+            {
+                "event": "header",
+                "run_id": spec.run_id,
+                "fingerprint": spec.fingerprint(),
+                "model": spec.model.name,
+                "family": spec.model.family,
+                "variant": spec.variant_name,
+                "seed": spec.seed,
+                "params": n_params,
+                "settings": {
+                    "model": vars(spec.model),
+                    "variant": vars(spec.variant),
+                    "scale": {k: v for k, v in vars(scale).items() if k != "models"},
+                },
+            }
+        )
+        for step in range(scale.steps):
+            lr = lr_at(step, scale)
+            result = sim.step(data.worker_batches(step), lm_loss, lr=lr)
+            record: dict[str, Any] = {
+                "step": result.step,
+                "tokens": result.step * tokens_per_step,
+                "loss": result.loss,
+                "lr": lr,
+                "grad_norm": result.grad_norm,
+                "skipped": result.skipped,
+                "bytes": sum(result.bytes.values()),
+            }
+            if spec.variant.method == "scape" and not result.skipped:
+                masks = sim.last_used_masks
+                record["mask_overlap"] = _mask_overlap(prev_masks, masks)
+                record["residual_norm"] = result.residual_norm
+                record["max_age"] = result.max_age
+                # The dense warm-up's "mask" is everything; overlap starts after it.
+                warm = result.step <= sim.scape.dense_warmup_steps
+                prev_masks = None if warm else masks
+            skipped += int(result.skipped)
+            diverged = _diverged(result.loss, data.vocab_size)
+            last = diverged or result.step == scale.steps
+            if last or result.step % scale.eval_interval == 0:
+                last_val = evaluate(model, val_batches)
+                record["val_loss"] = last_val
+                diverged = diverged or _diverged(last_val, data.vocab_size)
+            write(record)
+            if diverged:
+                break  # nothing more to learn from a diverged run; it is counted as such
+        final_val = evaluate(model, final_val_batches)
+        final = {
+            "event": FINAL,
+            "steps": result.step,
+            "final_val_loss": final_val if math.isfinite(final_val) else last_val,
+            "diverged": diverged,
+            "skipped_steps": skipped,
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+        write(final)
+    os.replace(partial, final_path)  # the rename marks the run finished
+    return final

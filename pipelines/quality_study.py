@@ -1,0 +1,162 @@
+"""Hydra stage: the quality study (issue 7). Does SCAPE keep dense-level loss at 90/99% sparsity?
+
+    python -m pipelines.quality_study                     # the full study (resumes)
+    python -m pipelines.quality_study quick=true          # minutes: tiny models, few steps
+    python -m pipelines.quality_study scale=issue         # the issue's ~15M-param setting
+    python -m pipelines.quality_study only_variants=[adams,scape99] seeds=[0]
+
+Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the
+ablations with ``ablation_seeds``), core runs first so that an interrupted study has the
+main comparison. Each run is a W-worker simulation of a Megatron GPTModel
+(:mod:`pipelines.quality_run`); finished runs are skipped on a rerun. The report
+(:mod:`pipelines.quality_report`) is written from every finished run in ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.quality_config import QualityStudyConfig, RunSpec, VariantSpec
+
+__all__ = ["plan_runs", "resolve", "run"]
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="quality_study_schema", node=QualityStudyConfig)
+
+
+register_configs()
+
+
+def resolve(cfg: QualityStudyConfig | DictConfig) -> QualityStudyConfig:
+    """The typed config, with ``quick=true`` folded in (quick scale, variants, seeds, out_dir)."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    assert isinstance(cfg, QualityStudyConfig)
+    if not cfg.quick:
+        return cfg
+    unknown = [v for v in cfg.quick_variants if v not in cfg.variants]
+    if unknown:
+        raise ValueError(f"quick_variants names unknown variants: {unknown}")
+    return dataclasses.replace(
+        cfg,
+        scale=cfg.quick_scale,
+        variants={k: v for k, v in cfg.variants.items() if k in cfg.quick_variants},
+        seeds=list(cfg.quick_seeds),
+        ablation_seeds=list(cfg.quick_seeds),
+        out_dir=cfg.quick_out_dir,
+    )
+
+
+def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
+    """Core variants for every seed first (seed by seed), then the ablations."""
+    models = [m for m in cfg.scale.models if not cfg.only_models or m.name in cfg.only_models]
+    variants = {
+        k: v for k, v in cfg.variants.items() if not cfg.only_variants or k in cfg.only_variants
+    }
+    plan = []
+    for core, seeds in ((True, cfg.seeds), (False, cfg.ablation_seeds)):
+        for seed in seeds:
+            for model in models:
+                for name, variant in variants.items():
+                    if variant.core == core:
+                        plan.append(RunSpec(model, name, variant, seed, cfg.scale, cfg.data_dir))
+    return plan
+
+
+def plot_groups(variants: dict[str, VariantSpec]) -> list[list[str]]:
+    """Row 1: the core comparison. Then one row per sparsity: AdamS and every SCAPE variant."""
+    groups = [[k for k, v in variants.items() if v.core]]
+    densities = sorted({v.density for v in variants.values() if v.method == "scape"}, reverse=True)
+    for density in densities:
+        same = [k for k, v in variants.items() if v.method == "scape" and v.density == density]
+        dense = [k for k, v in variants.items() if v.method == "adams"]
+        groups.append(dense + same)
+    return groups
+
+
+def study_notes(cfg: QualityStudyConfig, plan: list[RunSpec]) -> str:
+    s = cfg.scale
+    tokens = s.steps * s.world_size * s.batch_per_worker * s.seq_length
+    return (
+        f"Scale `{s.name}`: W={s.world_size} simulated workers x {s.batch_per_worker} sequences x "
+        f"{s.seq_length} tokens per step, {s.steps} steps ({tokens / 1e6:.2f}M tokens), "
+        f"lr {s.lr:g} -> {s.min_lr:g} (warm-up {s.warmup_steps}, cosine), wd {s.weight_decay}, "
+        f"betas ({s.beta1}, {s.beta2}), clip {s.max_grad_norm}; data `{cfg.data_dir}`. "
+        f"Curves: validation loss on the first {s.val_max_sequences or 'all'} validation "
+        f"sequences every {s.eval_interval} steps; final val loss: the whole validation split "
+        f"after the last step. "
+        f"Gap = relative difference of the seed-mean to dense AdamS's seed-mean. "
+        f"Mask overlap = |M_t & M_t-1| / k averaged over steps and shards; bytes = per rank per "
+        f"step relative to dense AdamS (fp32 values). This invocation planned {len(plan)} runs."
+    )
+
+
+def run(cfg: QualityStudyConfig | DictConfig) -> list:
+    """Run (or skip, when finished) every planned run, then write the report."""
+    import torch
+
+    from pipelines.quality_data import load_study_data
+    from pipelines.quality_report import write_report
+    from pipelines.quality_run import init_megatron_single_process, train_run
+
+    cfg = resolve(cfg)
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # its dataset INFO lines drown ours
+    torch.set_num_threads(1)  # the machine is shared; one core per study process
+    init_megatron_single_process()
+    out_dir = Path(cfg.out_dir)
+    plan = plan_runs(cfg)
+    data_by_seed, val_batches, final_val_batches = {}, None, None
+    for i, spec in enumerate(plan, 1):
+        if spec.seed not in data_by_seed:
+            data_by_seed[spec.seed] = load_study_data(
+                cfg.data_dir,
+                seed=spec.seed,
+                seq_length=cfg.scale.seq_length,
+                world_size=cfg.scale.world_size,
+                batch_per_worker=cfg.scale.batch_per_worker,
+                steps=cfg.scale.steps,
+                cache_dir=cfg.cache_dir,
+            )
+        data = data_by_seed[spec.seed]
+        if val_batches is None:  # the same for every run (validation order is not shuffled)
+            val_batches = data.validation_batches(cfg.scale.val_max_sequences, batch_size=64)
+            final_val_batches = data.validation_batches(None, batch_size=64)
+        start = time.perf_counter()
+        final = train_run(spec, data, val_batches, final_val_batches, out_dir / "runs")
+        print(
+            f"[{i}/{len(plan)}] {spec.run_id}: val {final['final_val_loss']:.4f}"
+            f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",
+            flush=True,
+        )
+    if not cfg.report:
+        return []
+    labels = {k: v.label or k for k, v in cfg.variants.items()}
+    rows = write_report(
+        out_dir, list(cfg.variants), plot_groups(cfg.variants), labels, study_notes(cfg, plan)
+    )
+    print((out_dir / "summary.md").read_text(encoding="utf-8"))
+    return rows
+
+
+@hydra.main(config_path="../conf", config_name="quality_study", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from data_prep.errors import DataPrepError
+
+    try:
+        run(cfg)
+    except DataPrepError as err:
+        print(f"error: {err}; prepare the data first (make prepare)", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
