@@ -67,8 +67,8 @@ class PrepareResult:
             rep = self.report
             lines.append(
                 f"  throughput: {rep.tokens / rep.seconds:,.0f} tokens/s end to end (read, tokenize, "
-                f"write; num_proc={rep.num_proc}, {rep.seconds:.2f} s); tokenize() alone "
-                f"{rep.tokens / max(rep.tokenizer_seconds, 1e-9):,.0f} tokens/s per process"
+                f"write; num_proc={rep.num_proc}, {rep.seconds:.2f} s wall); tokenize() alone "
+                f"{rep.tokens / max(rep.tokenizer_cpu_seconds, 1e-9):,.0f} tokens per CPU-second"
             )
         return "\n".join(lines)
 
@@ -258,6 +258,9 @@ def _metadata(
             "packages": {name: version(name) for name in packages},
             "num_proc": report.num_proc,
             "tokens_per_second": round(report.tokens / report.seconds),
+            "tokens_per_cpu_second_in_tokenizer": round(
+                report.tokens / max(report.tokenizer_cpu_seconds, 1e-9)
+            ),
         },
     }
 
