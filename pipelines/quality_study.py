@@ -2,7 +2,7 @@
 
     python -m pipelines.quality_study                     # the full study (resumes)
     python -m pipelines.quality_study quick=true          # minutes: tiny models, few steps
-    python -m pipelines.quality_study scale=issue         # the issue's ~15M-param setting
+    python -m pipelines.quality_study quality/scale@scale=issue   # the issue's ~14M-param setting
     python -m pipelines.quality_study only_variants=[adams,scape99] seeds=[0]
 
 Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the

@@ -45,6 +45,20 @@ def test_config_composes_and_every_variant_is_a_valid_scape_config() -> None:
     assert scape_config(cfg.variants["scape99"], seed=0) == defaults
 
 
+def test_issue_scale_is_the_issues_10_to_30m_params_and_presets_compose() -> None:
+    from scape.megatron.models import ModelShape, count_params
+
+    cfg = compose_study("quality/scale@scale=issue")
+    for m in cfg.scale.models:
+        shape = ModelShape(
+            m.name, m.family, m.num_layers, m.hidden_size, m.num_attention_heads,
+            m.ffn_hidden_size, 1024, cfg.scale.seq_length, num_query_groups=m.num_query_groups,
+        )  # fmt: skip
+        assert 10e6 <= count_params(shape) <= 30e6, m.name
+    assert 4 <= cfg.scale.world_size <= 8
+    assert compose_study("quality/scale@scale=long").scale.steps > compose_study().scale.steps
+
+
 def test_quick_folds_in_its_scale_variants_seeds_and_output() -> None:
     cfg = compose_study("quick=true")
     assert cfg.scale.name == "quick" and cfg.seeds == [0] and cfg.ablation_seeds == [0]
