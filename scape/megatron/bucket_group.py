@@ -1,0 +1,72 @@
+"""SCAPE's transport inside Megatron's bucket groups.
+
+Megatron's DDP calls ``start_grad_sync`` on a bucket group as soon as backward has produced
+all of its grads (overlapping the rest of backward), and ``start_param_sync`` after the
+optimizer step (or from the next forward's pre-hook with ``overlap_param_gather``); the
+``finish_*`` methods only ``wait()`` on the handles these leave behind. So overriding the two
+``start_*`` methods swaps dense for sparse collectives while Megatron keeps its scheduling,
+hooks and overlap unchanged:
+
+* grad sync: pack each bucket at the (already known, one-step-old) mask and reduce-scatter the
+  packed values; never scale the buffer (only packed values are scaled, or the residual would
+  shrink) and never reduce the whole bucket;
+* param sync: all-gather the owners' updated entries; the handle's ``wait()`` writes them into
+  the param buffer at the mask positions.
+
+Megatron's DDP builds plain ``_ParamAndGradBucketGroup`` objects inside its constructor
+(``partition_buckets``), with no hook to choose the class; :func:`promote_bucket_groups`
+re-classes those very objects (DDP's param-to-group map and Megatron's pre-hooks keep pointing
+at them) to this subclass, which adds behaviour and one attribute, not layout.
+"""
+
+from __future__ import annotations
+
+from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+from scape.megatron.state import ScapeState, WaitAll
+
+__all__ = ["ScapeBucketGroup", "promote_bucket_groups"]
+
+
+class ScapeBucketGroup(_ParamAndGradBucketGroup):
+    scape: ScapeState
+
+    def start_grad_sync(self, force_all_reduce: bool | None = False) -> None:
+        if force_all_reduce:
+            raise NotImplementedError("SCAPE replaces the gradient reduce-scatter; no all-reduce")
+        if self.is_first_batch and self.grad_reduce_handle is not None:
+            return  # already dispatched this (first) batch, as in Megatron
+        assert self.grad_reduce_handle is None, "one grad sync in flight per bucket group"
+        async_op = self.ddp_config.overlap_grad_reduce
+        works = [
+            self.scape.start_grad_exchange(b.bucket_id, b.grad_data, async_op=async_op)
+            for b in self.buckets
+        ]
+        self.grad_reduce_handle = WaitAll(works) if async_op else None
+
+    def start_param_sync(self, force_sync: bool = False) -> None:
+        if force_sync and self.param_gather_handle is not None:
+            self.param_gather_handle.wait()
+            self.param_gather_handle = None
+            return
+        assert force_sync or self.param_gather_handle is None
+        async_op = self.ddp_config.overlap_param_gather and not force_sync
+        handles = [
+            self.scape.start_param_exchange(b.bucket_id, b.param_data, async_op=async_op)
+            for b in self.buckets
+        ]
+        handle = WaitAll(handles)
+        self.param_gather_handle = handle if async_op and handle.handles else None
+        self.param_gather_dispatched = True
+
+
+def promote_bucket_groups(ddp, state: ScapeState) -> None:
+    """Turn ``ddp``'s bucket groups into :class:`ScapeBucketGroup` sharing ``state``."""
+    cfg = ddp.ddp_config
+    if not cfg.use_distributed_optimizer or cfg.num_distributed_optimizer_instances != 1:
+        raise ValueError("SCAPE needs Megatron's distributed optimizer with one instance")
+    for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
+        if type(group) is not _ParamAndGradBucketGroup and not isinstance(group, ScapeBucketGroup):
+            raise TypeError(f"unexpected bucket-group class {type(group).__name__}")
+        group.__class__ = ScapeBucketGroup
+        group.scape = state

@@ -1,0 +1,192 @@
+"""Save and resume all SCAPE state of a Megatron run, bit-identically.
+
+One file per rank (``scape_rank00000.pt``, ...) holding what that rank alone knows: the step,
+its residual buffer, its param replica, its owned shards' fp32 main params, ``m`` and age, the
+masks for the next step (identical on all ranks; the in-flight mask all-gather is completed
+first) and its RNG states. Each file is written to a temporary name in the same directory,
+fsynced and renamed, so a crash never leaves a half-written checkpoint under the real name.
+Loading uses ``torch.load(weights_only=True)`` and refuses, with a message naming the field, a
+checkpoint from another world size, rank, SCAPE configuration or buffer layout.
+
+Data-loader position and LR schedule belong to the caller (the pretrain stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scape.masks import num_selected
+
+__all__ = ["CheckpointMismatch", "load_scape_checkpoint", "save_scape_checkpoint"]
+
+FORMAT = "scape-megatron/1"
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint does not belong to this run (world size, layout, sparsity, ...)."""
+
+
+def _rank_file(directory: Path, rank: int) -> Path:
+    return directory / f"scape_rank{rank:05d}.pt"
+
+
+def _layout(opt) -> dict:
+    st = opt.scape
+    return {
+        "buckets": [[s.start, s.end] for s in st.shards],
+        "param_dtype": str(opt.param_buffer.dtype),
+    }
+
+
+def scape_state_dict(opt) -> dict:
+    """This rank's SCAPE state, after completing every exchange still in flight."""
+    for model_chunk in opt.model_chunks:
+        model_chunk.start_param_sync(force_sync=True)
+    st = opt.scape
+    st.finish_mask_exchange()
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    return {
+        "format": FORMAT,
+        "world_size": st.world_size,
+        "rank": st.rank,
+        "config": dataclasses.asdict(st.config),
+        "layout": _layout(opt),
+        "step": st.step,
+        "residual": st.residual,
+        "param_buffer": opt.param_buffer,
+        "main": list(st.main),
+        "exp_avg": list(st.exp_avg),
+        "age": list(st.age),
+        "masks": st.masks,
+        "rng": rng,
+        "bytes": st.comm.counter.snapshot(),
+    }
+
+
+def save_scape_checkpoint(directory: str | os.PathLike, opt) -> Path:
+    """Every rank writes its file atomically; returns once all ranks have written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: _to_cpu(v) for k, v in scape_state_dict(opt).items()}
+    target = _rank_file(directory, opt.scape.rank)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dist.barrier(group=opt.data_parallel_group)
+    return target
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, list | tuple):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise CheckpointMismatch(f"SCAPE checkpoint does not match this run: {what}")
+
+
+def _validate(state: dict, opt) -> None:
+    st = opt.scape
+    _check(state.get("format") == FORMAT, f"format {state.get('format')!r}, expected {FORMAT!r}")
+    _check(
+        state["world_size"] == st.world_size,
+        f"saved with {state['world_size']} data-parallel ranks, this run has {st.world_size}",
+    )
+    _check(state["rank"] == st.rank, f"file of rank {state['rank']} loaded on rank {st.rank}")
+    saved_cfg, cfg = state["config"], dataclasses.asdict(st.config)
+    _check(
+        saved_cfg.get("density") == cfg["density"],
+        f"density {saved_cfg.get('density')} (sparsity {1 - saved_cfg.get('density', 0):.4g}) "
+        f"saved, this run uses {cfg['density']}",
+    )
+    diff = {k: (saved_cfg.get(k), v) for k, v in cfg.items() if saved_cfg.get(k) != v}
+    _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
+    _check(
+        state["layout"] == _layout(opt),
+        f"buffer layout {state['layout']} saved, this run has {_layout(opt)}",
+    )
+    _check(
+        state["residual"].shape == st.residual.shape
+        and state["param_buffer"].shape == opt.param_buffer.shape
+        and state["param_buffer"].dtype == opt.param_buffer.dtype,
+        "residual or param buffer shape/dtype differs",
+    )
+    for name in ("main", "exp_avg", "age"):
+        saved, now = state[name], getattr(st, name)
+        _check(
+            len(saved) == len(now)
+            and all(
+                a.shape == b.shape and a.dtype == b.dtype for a, b in zip(saved, now, strict=True)
+            ),
+            f"{name} shards differ in number, shape or dtype",
+        )
+    masks = state["masks"]
+    if masks is not None:
+        _check(len(masks) == len(st.shards), "masks for a different number of buckets")
+        for b, shard in enumerate(st.shards):
+            k = num_selected(shard.size, st.config.density)
+            for m in masks[b]:
+                _check(
+                    m.dtype == torch.int64
+                    and m.numel() == k
+                    and bool((m[1:] > m[:-1]).all())
+                    and int(m.min()) >= 0
+                    and int(m.max()) < shard.size,
+                    f"bucket {b}: a mask is not {k} sorted indices in [0, {shard.size})",
+                )
+
+
+def load_scape_checkpoint(directory: str | os.PathLike, opt) -> int:
+    """Restore this rank's SCAPE state from ``directory``; returns the step it was saved at.
+
+    The replicas are checksummed across ranks afterwards, so a mixed-up directory fails here.
+    """
+    st = opt.scape
+    path = _rank_file(Path(directory), st.rank)
+    if not path.is_file():
+        raise FileNotFoundError(f"no SCAPE checkpoint for rank {st.rank} at {path}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    _validate(state, opt)
+    for model_chunk in opt.model_chunks:
+        model_chunk.start_param_sync(force_sync=True)  # nothing may land after the restore
+    st.finish_mask_exchange()
+    with torch.no_grad():
+        st.residual.copy_(state["residual"])
+        opt.param_buffer.copy_(state["param_buffer"])
+        for name in ("main", "exp_avg", "age"):
+            for dst, src in zip(getattr(st, name), state[name], strict=True):
+                dst.copy_(src)
+    st.step = int(state["step"])
+    st.masks = (
+        None
+        if state["masks"] is None
+        else [[m.to(st.device) for m in per_bucket] for per_bucket in state["masks"]]
+    )
+    st.param_updates = [None] * len(st.shards)
+    st.clear_step()
+    torch.set_rng_state(state["rng"]["cpu"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["rng"]["cuda"])
+    opt.check_consistency()
+    return st.step
