@@ -94,6 +94,7 @@ class QualityStudyConfig:
     # Restrict a study to some models / variants (empty: all); the report still reads all runs.
     only_models: list[str] = field(default_factory=list)
     only_variants: list[str] = field(default_factory=list)
+    report_only: bool = False  # true: only rewrite the report from the finished runs
     report: bool = True  # write summary, plots after the runs
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
     quick_variants: list[str] = field(default_factory=list)

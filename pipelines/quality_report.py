@@ -170,17 +170,22 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_model(
-    runs: list[RunLog], model: str, groups: list[list[str]], labels: dict[str, str], path: Path
+    runs: list[RunLog],
+    model: str,
+    groups: list[tuple[str, list[str]]],
+    labels: dict[str, str],
+    colors: dict[str, Any],
+    path: Path,
 ) -> None:
-    """One PNG per model: a row per variant group, train (smoothed) and validation loss,
-    mean over seeds with a min-max band."""
+    """One PNG per model: a row per (title, variants) group, train (smoothed) and validation
+    loss, mean over seeds with a min-max band; a variant keeps its colour in every row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(groups), 2, figsize=(13, 4.2 * len(groups)), squeeze=False)
-    for row_axes, names in zip(axes, groups, strict=True):
+    for row_axes, (group_title, names) in zip(axes, groups, strict=True):
         for name in names:
             seeds = [r for r in runs if r.model == model and r.variant == name]
             if not seeds:
@@ -197,12 +202,17 @@ def plot_model(
                 xs = [p[0] / 1e6 for p in curves[0][:n]]
                 ys = [[c[i][1] for c in curves] for i in range(n)]
                 mean = [statistics.fmean(y) for y in ys]
-                (line,) = ax.plot(xs, mean, label=f"{labels.get(name, name)} (n={len(seeds)})")
+                (line,) = ax.plot(
+                    xs,
+                    mean,
+                    color=colors.get(name),
+                    label=f"{labels.get(name, name)} (n={len(seeds)})",
+                )
                 if len(seeds) > 1:
                     lo, hi = [min(y) for y in ys], [max(y) for y in ys]
                     ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
         for ax, title in zip(row_axes, ("train loss (smoothed)", "validation loss"), strict=True):
-            ax.set_title(f"{model}: {title}")
+            ax.set_title(f"{model}, {group_title}: {title}")
             ax.set_xlabel("tokens (M)")
             ax.set_ylabel("loss (nats)")
             ax.grid(alpha=0.3)
@@ -219,21 +229,29 @@ def plot_model(
 def write_report(
     out_dir: Path,
     variant_order: list[str],
-    plot_groups: list[list[str]],
+    plot_groups: list[tuple[str, list[str]]],
     labels: dict[str, str],
     notes: str,
 ) -> list[SummaryRow]:
     """summary.md, summary.csv and loss_<model>.png from the finished runs in out_dir/runs.
 
-    ``plot_groups``: the variants of each row of the plots (a variant may appear in several).
+    ``plot_groups``: (title, variants) of each row of the plots (a variant may appear in
+    several rows).
     """
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    # tab20 pairs a dark and a light shade of each hue: the first ten variants get the ten
+    # dark shades, so that no two core methods look alike.
+    colors = {name: cmap((2 * i) % 20 + (i // 10) % 2) for i, name in enumerate(variant_order)}
     runs = load_runs(out_dir / "runs")
     rows = summarize(runs, variant_order)
     write_csv(rows, out_dir / "summary.csv")
     text = ["# Quality study: summary", "", notes, "", markdown_table(rows, labels), ""]
     (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
     present = {r.variant for r in runs}
-    groups = [g for g in ([v for v in group if v in present] for group in plot_groups) if g]
+    groups = [(t, [v for v in g if v in present]) for t, g in plot_groups]
+    groups = [(t, g) for t, g in groups if g]
     for model in sorted({r.model for r in runs}):
-        plot_model(runs, model, groups, labels, out_dir / f"loss_{model}.png")
+        plot_model(runs, model, groups, labels, colors, out_dir / f"loss_{model}.png")
     return rows

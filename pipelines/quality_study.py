@@ -4,6 +4,7 @@
     python -m pipelines.quality_study quick=true          # minutes: tiny models, few steps
     python -m pipelines.quality_study quality/scale@scale=issue   # the issue's ~14M-param setting
     python -m pipelines.quality_study only_variants=[adams,scape99] seeds=[0]
+    python -m pipelines.quality_study report_only=true    # only rewrite the report
 
 Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the
 ablations with ``ablation_seeds``), core runs first so that an interrupted study has the
@@ -72,14 +73,14 @@ def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
     return plan
 
 
-def plot_groups(variants: dict[str, VariantSpec]) -> list[list[str]]:
+def plot_groups(variants: dict[str, VariantSpec]) -> list[tuple[str, list[str]]]:
     """Row 1: the core comparison. Then one row per sparsity: AdamS and every SCAPE variant."""
-    groups = [[k for k, v in variants.items() if v.core]]
+    groups = [("core", [k for k, v in variants.items() if v.core])]
     densities = sorted({v.density for v in variants.values() if v.method == "scape"}, reverse=True)
     for density in densities:
         same = [k for k, v in variants.items() if v.method == "scape" and v.density == density]
         dense = [k for k, v in variants.items() if v.method == "adams"]
-        groups.append(dense + same)
+        groups.append((f"{round(100 * (1 - density), 4):g}% sparse", dense + same))
     return groups
 
 
@@ -113,7 +114,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     torch.set_num_threads(1)  # the machine is shared; one core per study process
     init_megatron_single_process()
     out_dir = Path(cfg.out_dir)
-    plan = plan_runs(cfg)
+    plan = [] if cfg.report_only else plan_runs(cfg)
     data_by_seed, val_batches, final_val_batches = {}, None, None
     for i, spec in enumerate(plan, 1):
         if spec.seed not in data_by_seed:

@@ -78,8 +78,9 @@ def test_plan_runs_core_seeds_first_then_ablations() -> None:
     assert all(s.variant.core for s in plan[: 2 * n_core])
     assert len({s.run_id for s in plan}) == len(plan)
     groups = plot_groups(cfg.variants)
-    assert groups[0] == [k for k, v in cfg.variants.items() if v.core]
-    assert all(g[0] == "adams" for g in groups[1:])  # each sparsity row has its dense reference
+    assert groups[0] == ("core", [k for k, v in cfg.variants.items() if v.core])
+    assert [t for t, _ in groups[1:]] == ["90% sparse", "99% sparse"]
+    assert all(g[0] == "adams" for _, g in groups[1:])  # each row has its dense reference
 
 
 def test_fingerprint_tracks_settings_not_labels() -> None:
