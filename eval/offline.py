@@ -71,7 +71,8 @@ def check_hub_tasks(tasks: Iterable[str], local_tasks: Iterable[str]) -> None:
 def hub_load_error(remote: list[str], local_tasks: Iterable[str], err: Exception) -> EvalError:
     """The one-line error for a standard task whose data could not be loaded."""
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    where = "; it is not in the local Hugging Face cache" if offline_cache_requested() else ""
     return EvalError(
-        f"could not load the data of task {', '.join(remote)} ({type(err).__name__}: {first}); "
-        + _fix(local_tasks)
+        f"could not load the data of task {', '.join(remote)} ({type(err).__name__}: {first})"
+        f"{where}; " + _fix(local_tasks)
     )
