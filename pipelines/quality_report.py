@@ -53,6 +53,8 @@ class SummaryRow:
     val_mean: float
     val_std: float  # sample std over seeds (0 with one seed)
     gap_pct: float | None  # (mean - AdamS mean) / AdamS mean, percent
+    paired_gap_pct: float | None  # mean over seeds of (run - AdamS run, same seed) / AdamS run
+    paired_gap_std: float | None  # its std over seeds (same data and init: less noisy)
     diverged: int
     mask_overlap: float | None  # mean over sparse steps and seeds
     residual_norm: float | None  # at the last step, mean over seeds
@@ -86,6 +88,8 @@ def summarize(runs: list[RunLog], variant_order: list[str]) -> list[SummaryRow]:
                 val_mean=statistics.fmean(finals),
                 val_std=statistics.stdev(finals) if len(finals) > 1 else 0.0,
                 gap_pct=None,
+                paired_gap_pct=None,
+                paired_gap_std=None,
                 diverged=sum(bool(r.final["diverged"]) for r in group),
                 mask_overlap=_mean(overlaps),
                 residual_norm=_mean(residuals),
@@ -93,6 +97,20 @@ def summarize(runs: list[RunLog], variant_order: list[str]) -> list[SummaryRow]:
                 bytes_ratio=_mean([_mean([s["bytes"] for s in r.steps]) for r in group]),
             )
         )
+    reference = {
+        (r.model, r.header.get("seed")): r.final["final_val_loss"]
+        for r in runs
+        if r.variant == DENSE_REFERENCE
+    }
+    for row in rows:
+        paired = [
+            100.0 * (r.final["final_val_loss"] - reference[key]) / reference[key]
+            for r in groups[(row.model, row.variant)]
+            if (key := (r.model, r.header.get("seed"))) in reference
+        ]
+        if paired:
+            row.paired_gap_pct = statistics.fmean(paired)
+            row.paired_gap_std = statistics.stdev(paired) if len(paired) > 1 else 0.0
     for model in {r.model for r in rows}:
         ref = next((r for r in rows if r.model == model and r.variant == DENSE_REFERENCE), None)
         ref_val = ref.val_mean if ref else None
@@ -113,6 +131,8 @@ COLUMNS = [
     ("val_mean", "final val loss (mean)"),
     ("val_std", "std over seeds"),
     ("gap_pct", "gap to AdamS (%)"),
+    ("paired_gap_pct", "paired gap (%)"),
+    ("paired_gap_std", "paired gap std"),
     ("diverged", "diverged"),
     ("mask_overlap", "mask overlap"),
     ("residual_norm", "final residual norm"),
@@ -125,13 +145,13 @@ def _fmt(value: Any, key: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if key == "gap_pct":
+        if key in ("gap_pct", "paired_gap_pct"):
             return f"{value:+.2f}"
-        return (
-            f"{value:.4f}"
-            if key in ("val_mean", "val_std", "mask_overlap", "bytes_ratio")
-            else f"{value:.3g}"
-        )
+        if key == "paired_gap_std":
+            return f"{value:.2f}"
+        if key in ("val_mean", "val_std", "mask_overlap", "bytes_ratio"):
+            return f"{value:.4f}"
+        return f"{value:.3g}"
     return str(value)
 
 
