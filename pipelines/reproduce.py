@@ -45,10 +45,12 @@ def _prepare(cfg) -> None:
     print(result.summary(), flush=True)
 
 
-def _evaluate(run_dir: Path, scale: str) -> dict:
-    from pipelines.evaluate import evaluate_run_dir
+def _evaluate(run_dir: Path) -> dict:
+    from eval.config import EvaluateConfig
+    from pipelines.evaluate import run as evaluate_run
 
-    return evaluate_run_dir(run_dir, scale=scale)
+    # 200 examples per local task keep the tiny reproduction inside its time budget.
+    return evaluate_run(EvaluateConfig(run_dir=str(run_dir), tasks_examples=200, progress=False))
 
 
 def reproduce(
@@ -102,13 +104,13 @@ def reproduce(
     if not local:
         _banner("submitted; when the jobs have finished, evaluate and tabulate with:")
         for run_dir in run_dirs:
-            print(f"  python -m pipelines.evaluate run_dir={run_dir} scale=paper")
+            print(f"  python -m pipelines.evaluate run_dir={run_dir} eval_tasks=paper")
         print(f"  python -m pipelines.tables output_root={output_root} out_dir={tables_dir}")
         return
     _banner("3/4 evaluate (validation perplexity and offline lm-eval tasks)")
     for run_dir in run_dirs:
         print(f"  {run_dir}", flush=True)
-        _evaluate(run_dir, scale)
+        _evaluate(run_dir)
     _banner("4/4 tables")
     out = tables_run(
         TablesConfig(output_root=output_root, experiments=experiments, out_dir=tables_dir)

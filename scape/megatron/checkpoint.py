@@ -23,7 +23,13 @@ import torch.distributed as dist
 
 from scape.masks import num_selected
 
-__all__ = ["CheckpointMismatch", "load_scape_checkpoint", "save_scape_checkpoint"]
+__all__ = [
+    "CheckpointMismatch",
+    "load_scape_checkpoint",
+    "load_scape_state_dict",
+    "save_scape_checkpoint",
+    "scape_state_dict",
+]
 
 FORMAT = "scape-megatron/1"
 
@@ -162,11 +168,16 @@ def load_scape_checkpoint(directory: str | os.PathLike, opt) -> int:
 
     The replicas are checksummed across ranks afterwards, so a mixed-up directory fails here.
     """
-    st = opt.scape
-    path = _rank_file(Path(directory), st.rank)
+    path = _rank_file(Path(directory), opt.scape.rank)
     if not path.is_file():
-        raise FileNotFoundError(f"no SCAPE checkpoint for rank {st.rank} at {path}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        raise FileNotFoundError(f"no SCAPE checkpoint for rank {opt.scape.rank} at {path}")
+    return load_scape_state_dict(opt, torch.load(path, map_location="cpu", weights_only=True))
+
+
+def load_scape_state_dict(opt, state: dict) -> int:
+    """Restore this rank's SCAPE state from :func:`scape_state_dict`'s output (validated first);
+    returns its step. For callers that keep their own checkpoint files (the pretrain stage)."""
+    st = opt.scape
     _validate(state, opt)
     for model_chunk in opt.model_chunks:
         model_chunk.start_param_sync(force_sync=True)  # nothing may land after the restore
