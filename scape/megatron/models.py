@@ -66,6 +66,9 @@ SHAPES: dict[str, ModelShape] = {
         # Test sizes: ~100k params, a few ms per step on one CPU core.
         ModelShape("tiny-gpt", "gpt", 2, 64, 4, 256, 256, 32),
         ModelShape("tiny-llama", "llama", 2, 64, 4, 176, 256, 32, num_query_groups=2),
+        # CPU benchmarks: ~5M params, compute large enough to compare with communication.
+        ModelShape("small-gpt", "gpt", 4, 256, 4, 1024, 8192, 128),
+        ModelShape("small-llama", "llama", 4, 256, 4, 688, 8192, 128, num_query_groups=2),
         # The paper's sizes (reference doc, "Assumed model shapes").
         ModelShape("gpt-345m", "gpt", 24, 1024, 16, 4096, 50257, 1024),
         ModelShape("llama-500m", "llama", 24, 1280, 20, 3456, 32000, 2048, num_query_groups=4),

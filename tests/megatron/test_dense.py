@@ -91,13 +91,27 @@ def _compat_observations() -> dict:
     return out
 
 
+def _param_counts() -> dict:
+    """Every registered shape built by megatron (the big ones on the meta device: no memory,
+    no init cost) against the closed-form count."""
+    from scape.megatron.models import SHAPES, build_gpt_model, count_params
+
+    out = {}
+    for name, shape in SHAPES.items():
+        device = "cpu" if name.startswith("tiny") else "meta"
+        with torch.device(device):
+            _, model = build_gpt_model(shape, device=device)
+        out[name] = (sum(p.numel() for p in model.parameters()), count_params(shape))
+    return out
+
+
 def _dense_runs(rank, world_size):
     from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, init_megatron, wrap_ddp
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.megatron.train import train_step
 
     init_megatron(0)
-    out = {"compat": _compat_observations()}
+    out = {"compat": _compat_observations(), "param_counts": _param_counts() if rank == 0 else {}}
     for shape_name in ("tiny-gpt", "tiny-llama"):
         shape = SHAPES[shape_name]
         batches = _batches(shape, rank)
@@ -155,6 +169,13 @@ def test_compat_layer_active_idempotent_and_scoped_to_megatron(results):
             "our_cuda_alloc": "failed",
             "our_type_name": "torch.FloatTensor",
         }
+
+
+def test_megatron_builds_every_shape_with_the_closed_form_param_count(results):
+    counts = results[0]["param_counts"]
+    assert {"tiny-gpt", "tiny-llama", "gpt-345m", "llama-500m", "llama-1.8b"} <= set(counts)
+    for name, (built, formula) in counts.items():
+        assert built == formula, name
 
 
 def test_runs_through_megatron_with_several_buckets(results):

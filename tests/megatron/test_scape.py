@@ -43,13 +43,13 @@ def _split(b):
     return b[:, :-1], b[:, 1:]
 
 
-def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1):
+def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1, bf16: bool = False):
     from scape.megatron.dense import build_dense_optimizer, wrap_ddp
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.megatron.optimizer import build_scape_optimizer
 
     torch.manual_seed(0)
-    config, model = build_gpt_model(SHAPES[shape_name])
+    config, model = build_gpt_model(SHAPES[shape_name], bf16=bf16)
     ddp = wrap_ddp(
         config, model, bucket_size=BUCKET, overlap_grad_reduce=True, overlap_param_gather=overlap
     )
@@ -58,8 +58,9 @@ def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1):
         # bucket if overlap_grad_reduce were off at construction, changing the layout.
         ddp.ddp_config.overlap_grad_reduce = False
     if scape is None:
-        return model, ddp, build_dense_optimizer(ddp, spec)
-    return model, ddp, build_scape_optimizer(ddp, spec, scape, check_every=check_every)
+        return model, ddp, build_dense_optimizer(ddp, spec, bf16=bf16)
+    opt = build_scape_optimizer(ddp, spec, scape, check_every=check_every, bf16=bf16)
+    return model, ddp, opt
 
 
 def _simulator(shape_name, ddp, scape, spec, world_size):
@@ -100,18 +101,20 @@ def _train(
     sim=False,
     sync=True,
     save_at=None,
+    bf16=False,
 ):
     """Train; per step record loss, param digest, mask digest, bytes, and (rank 0, ``sim``)
     the simulator's agreement. ``sync=False`` leaves overlapped param all-gathers pending until
     the next forward, as in production; then only the final params are digested.
-    ``save_at=(step, dir)`` saves a SCAPE checkpoint after that many steps."""
+    ``save_at=(step, dir)`` saves a SCAPE checkpoint after that many steps. ``bf16``: bf16
+    model params (fp32 main params), as on GPUs."""
     from scape.megatron.checkpoint import save_scape_checkpoint
     from scape.megatron.dense import init_megatron
     from scape.megatron.models import SHAPES
     from scape.megatron.train import sync_params, train_step
 
     init_megatron(0)
-    model, ddp, opt = _build(shape_name, scape, spec, overlap=overlap)
+    model, ddp, opt = _build(shape_name, scape, spec, overlap=overlap, bf16=bf16)
     data = _data(SHAPES[shape_name], world_size)
     twin = simulator = None
     if sim and rank == 0:
@@ -205,6 +208,11 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
     full = ScapeConfig(density=1.0)
     out["density1"] = _train(rank, world_size, "tiny-llama", full, _spec(clip_grad=0.0), steps=6)
     out["dense"] = _train(rank, world_size, "tiny-llama", None, _spec(clip_grad=0.0), steps=6)
+    # The same with bf16 model params and separate fp32 main params (the GPU configuration).
+    no_clip = _spec(clip_grad=0.0)
+    out["density1_bf16"] = _train(rank, world_size, "tiny-gpt", full, no_clip, steps=6, bf16=True)
+    out["dense_bf16"] = _train(rank, world_size, "tiny-gpt", None, no_clip, steps=6, bf16=True)
+    out["bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=10, bf16=True)
     out["skip"] = _skip_and_divergence(rank, world_size)
     return out
 
@@ -345,7 +353,7 @@ def test_clipping_was_exercised(two):
     assert max(norms) > 1.0 > min(norms)
 
 
-CASES_2 = ["gpt", "gpt_async", "gpt_sync", "llama", "undelayed", "density1", "dense"]
+CASES_2 = ["gpt", "gpt_async", "gpt_sync", "llama", "undelayed", "density1", "dense", "bf16"]
 
 
 @pytest.mark.parametrize("case", CASES_2)
@@ -372,13 +380,14 @@ def test_overlap_on_and_off_identical(two):
         assert r["gpt_async"]["mask_digests"] == r["gpt_sync"]["mask_digests"]
 
 
-def test_density_one_equals_megatron_dense_adams(two):
+@pytest.mark.parametrize("suffix", ["", "_bf16"], ids=["fp32", "bf16-params"])
+def test_density_one_equals_megatron_dense_adams(two, suffix):
     for r in two:
-        assert r["density1"]["losses"] == r["dense"]["losses"]
-        assert r["density1"]["digests"] == r["dense"]["digests"]
+        assert r["density1" + suffix]["losses"] == r["dense" + suffix]["losses"]
+        assert r["density1" + suffix]["digests"] == r["dense" + suffix]["digests"]
 
 
-@pytest.mark.parametrize("case", ["gpt", "llama"])
+@pytest.mark.parametrize("case", ["gpt", "llama", "bf16"])
 def test_loss_decreases(two, case):
     losses = two[0][case]["losses"]
     assert sum(losses[-4:]) < sum(losses[:4]) - 0.1, losses

@@ -1,0 +1,246 @@
+"""GPU readiness check: one prepared run, offline, under 8 minutes on one CUDA GPU.
+
+1. A few dense-AdamS and SCAPE steps (density 0.1 and 0.01) of GPT-345M through Megatron on
+   one GPU (W=1, NCCL, bf16 params, fp32 main params): step times, losses, bytes.
+2. A micro-benchmark of SCAPE's per-step kernels at Llama-1.8B shard sizes for W=32 (the
+   work one rank of 32 does): mask selection (exact top-k and sampled threshold), mask
+   encode/decode, packing the gradient buffer at the masks, and scattering the gathered
+   params, timed with CUDA events, against the dense AdamS update of the same shard.
+
+Writes ``results/gpu/gpu_check_<gpu>_<utc date>.json`` with the GPU name, versions and date.
+Without CUDA it says so and exits 0 without writing anything (``--cpu-smoke`` runs the same
+code at toy sizes on the CPU, to test the script itself). Run it with ``scripts/gpu_check.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scape.adams import adams_update_  # noqa: E402
+from scape.comm import bucket_positions  # noqa: E402
+from scape.config import ScapeConfig  # noqa: E402
+from scape.encoding import decode_mask, encode_mask  # noqa: E402
+from scape.masks import num_selected  # noqa: E402
+from scape.megatron.models import SHAPES, count_params  # noqa: E402
+from scape.shard import next_mask, pack_values  # noqa: E402
+
+
+def environment() -> dict:
+    env = {
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version()))
+        if torch.cuda.is_available()
+        else None,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        from importlib.metadata import version
+
+        env["megatron_core"] = version("megatron-core")
+    except Exception as err:  # noqa: BLE001 - report, don't fail
+        env["megatron_core"] = f"unavailable: {err}"
+    try:
+        env["git_commit"] = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        env["git_commit"] = None
+    return env
+
+
+class Timer:
+    """Median wall time of a callable: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device, repeats: int) -> None:
+        self.device, self.repeats = device, repeats
+
+    def __call__(self, fn) -> float:
+        fn()  # warm-up (kernels, caches, allocator)
+        times = []
+        for _ in range(self.repeats):
+            if self.device.type == "cuda":
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return sorted(times)[len(times) // 2]
+
+
+def kernel_microbench(
+    *, total_params: int, world_size: int, bucket_size: int, densities, device, repeats: int
+) -> dict:
+    """One rank's SCAPE kernels per step for a model of ``total_params`` in Megatron-like buckets
+    (``bucket_size`` elements, padded to a multiple of lcm(W, 128)), W ranks."""
+    pad = math.lcm(world_size, 128)
+    bucket = math.ceil(bucket_size / pad) * pad
+    n_buckets = math.ceil(total_params / bucket)
+    shard = bucket // world_size
+    total = n_buckets * bucket
+    timer = Timer(device, repeats)
+    gen = torch.Generator(device=device).manual_seed(0)
+    residual = torch.randn(total, device=device, generator=gen)
+    grad = torch.randn(total, device=device, generator=gen)
+    params = torch.randn(total, device=device, generator=gen).to(torch.bfloat16)
+    exp_avg = torch.randn(shard, device=device, generator=gen)
+    age = torch.zeros(shard, dtype=torch.int32, device=device)
+    out = {
+        "total_params": total_params,
+        "world_size": world_size,
+        "bucket_elems": bucket,
+        "buckets": n_buckets,
+        "shard_elems": shard,
+        "per_rank_owned_elems": n_buckets * shard,
+    }
+    # Dense reference: AdamS on the rank's whole shard (what ZeRO-1 dense does per step).
+    own = torch.randn(n_buckets * shard, device=device, generator=gen)
+    own_m, own_g = torch.zeros_like(own), torch.randn_like(own)
+    out["dense_adams_update_s"] = timer(
+        lambda: adams_update_(own, own_m, own_g, step=10, lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
+    )
+    for density in densities:
+        k = num_selected(shard, density)
+        row = {"k_per_shard": k}
+        for selection in ("topk", "sampled_threshold"):
+            cfg = ScapeConfig(density=density, selection=selection)
+
+            def select(cfg=cfg):
+                for b in range(n_buckets):
+                    next_mask(cfg, exp_avg=exp_avg, local_accum=None, age=age, step=2, shard_id=b)
+
+            row[f"select_{selection}_s"] = timer(select)
+        mask = next_mask(ScapeConfig(density=density), exp_avg=exp_avg, local_accum=None, age=age,
+                         step=2, shard_id=0)  # fmt: skip
+        masks = [mask] * world_size
+        positions = bucket_positions(masks, shard)
+        for enc in ("offset16", "bitmap"):
+            payload = encode_mask(mask, shard, enc)
+            row[f"encode_{enc}_s"] = timer(
+                lambda: [encode_mask(mask, shard, enc) for _ in range(n_buckets)]
+            )  # noqa: B023
+            row[f"decode_{enc}_all_ranks_s"] = timer(
+                lambda: [decode_mask(payload, shard, k, enc) for _ in range(n_buckets * world_size)]  # noqa: B023
+            )
+
+        def pack(positions=positions):
+            for b in range(n_buckets):
+                sl = slice(b * bucket, (b + 1) * bucket)
+                pack_values(residual[sl], grad[sl], positions, world_size=world_size,
+                            value_dtype="bfloat16")  # fmt: skip
+
+        gathered = torch.randn(positions.numel(), device=device).to(torch.bfloat16)
+
+        def scatter(positions=positions, gathered=gathered):
+            for b in range(n_buckets):
+                params[b * bucket : (b + 1) * bucket][positions] = gathered
+
+        row["pack_s"] = timer(pack)
+        row["scatter_params_s"] = timer(scatter)
+        row["bytes_moved_pack"] = n_buckets * positions.numel() * (4 + 4 + 8 + 2)
+        out[f"density_{density}"] = row
+    return out
+
+
+def megatron_steps(
+    *, shape: str, steps: int, warmup: int, batch: int, densities, cpu: bool
+) -> list:
+    from scape.megatron.steptime import time_steps
+    from scape.testing import run_distributed
+
+    runs = [("dense", None)] + [("scape", d) for d in densities]
+    results = []
+    for method, density in runs:
+        (res,) = run_distributed(
+            time_steps,
+            1,
+            backend="gloo" if cpu else "nccl",
+            timeout_s=300,
+            shape=shape,
+            method=method,
+            density=density or 1.0,
+            steps=steps,
+            warmup=warmup,
+            batch=batch,
+            bucket_size=None,
+            bf16=not cpu,
+        )
+        print(json.dumps(res), flush=True)
+        results.append(res)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--cpu-smoke", action="store_true", help="toy sizes on the CPU (tests the script)"
+    )
+    p.add_argument("--out-dir", default=str(ROOT / "results" / "gpu"))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() and not args.cpu_smoke:
+        print("gpu_check: SKIPPED - no CUDA device visible to torch "
+              f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); nothing written.")  # fmt: skip
+        return 0
+    started = time.perf_counter()
+    report = {"environment": environment(), "status": "running"}
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        report["megatron"] = megatron_steps(
+            shape="tiny-gpt", steps=2, warmup=1, batch=2, densities=[0.1], cpu=True
+        )
+        report["kernels"] = kernel_microbench(
+            total_params=200_000, world_size=32, bucket_size=40_000, densities=[0.1],
+            device=device, repeats=2,
+        )  # fmt: skip
+    else:
+        device = torch.device("cuda")
+        report["megatron"] = megatron_steps(
+            shape="gpt-345m", steps=8, warmup=2, batch=8, densities=[0.1, 0.01], cpu=False
+        )
+        # Megatron's default bucket size at W=32: max(4e7, 1e6 * W) elements.
+        report["kernels"] = kernel_microbench(
+            total_params=count_params(SHAPES["llama-1.8b"]), world_size=32,
+            bucket_size=max(40_000_000, 1_000_000 * 32), densities=[0.1, 0.01],
+            device=device, repeats=5,
+        )  # fmt: skip
+    report["status"] = "ok"
+    report["wall_s"] = time.perf_counter() - started
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", report["environment"]["gpu"] or "cpu-smoke").strip("-")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = out_dir / f"gpu_check_{gpu}_{stamp}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+    print(f"gpu_check: wrote {path} ({report['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
