@@ -51,7 +51,12 @@ def _layout(opt) -> dict:
 
 
 def scape_state_dict(opt) -> dict:
-    """This rank's SCAPE state, after completing every exchange still in flight."""
+    """This rank's SCAPE state (CPU copies), after completing every exchange still in flight.
+
+    Plain tensors, lists, dicts and numbers only, so ``torch.load(weights_only=True)`` reads it;
+    for callers with their own checkpoint files (the pretrain stage) and for
+    :func:`save_scape_checkpoint`.
+    """
     for model_chunk in opt.model_chunks:
         model_chunk.start_param_sync(force_sync=True)
     st = opt.scape
@@ -59,7 +64,7 @@ def scape_state_dict(opt) -> dict:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
-    return {
+    state = {
         "format": FORMAT,
         "world_size": st.world_size,
         "rank": st.rank,
@@ -73,15 +78,16 @@ def scape_state_dict(opt) -> dict:
         "age": list(st.age),
         "masks": st.masks,
         "rng": rng,
-        "bytes": st.comm.counter.snapshot(),
+        "bytes": st.comm.counter.snapshot(),  # informative; counters restart on resume
     }
+    return {k: _to_cpu(v) for k, v in state.items()}
 
 
 def save_scape_checkpoint(directory: str | os.PathLike, opt) -> Path:
     """Every rank writes its file atomically; returns once all ranks have written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: _to_cpu(v) for k, v in scape_state_dict(opt).items()}
+    state = scape_state_dict(opt)
     target = _rank_file(directory, opt.scape.rank)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     try:
@@ -164,10 +170,7 @@ def _validate(state: dict, opt) -> None:
 
 
 def load_scape_checkpoint(directory: str | os.PathLike, opt) -> int:
-    """Restore this rank's SCAPE state from ``directory``; returns the step it was saved at.
-
-    The replicas are checksummed across ranks afterwards, so a mixed-up directory fails here.
-    """
+    """Restore this rank's SCAPE state from ``directory``; returns the step it was saved at."""
     path = _rank_file(Path(directory), opt.scape.rank)
     if not path.is_file():
         raise FileNotFoundError(f"no SCAPE checkpoint for rank {opt.scape.rank} at {path}")
@@ -175,8 +178,11 @@ def load_scape_checkpoint(directory: str | os.PathLike, opt) -> int:
 
 
 def load_scape_state_dict(opt, state: dict) -> int:
-    """Restore this rank's SCAPE state from :func:`scape_state_dict`'s output (validated first);
-    returns its step. For callers that keep their own checkpoint files (the pretrain stage)."""
+    """Restore from :func:`scape_state_dict`'s output (validated first); returns its step.
+
+    Collective: the replicas are checksummed across ranks afterwards, so a mixed-up set of
+    per-rank states fails here rather than training on diverged replicas.
+    """
     st = opt.scape
     _validate(state, opt)
     for model_chunk in opt.model_chunks:
