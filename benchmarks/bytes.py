@@ -105,6 +105,34 @@ def summarize_measured(results: list[dict[str, Any]]) -> dict[str, Any]:
             "shard_size": results[0]["shard_size"], "methods": methods}  # fmt: skip
 
 
+def quality_study_overlap(root: Path = Path("results/quality")) -> dict[str, Any]:
+    """Overlap of consecutive masks from the quality study's runs (issue 7), if present.
+
+    Those runs train for hundreds to thousands of steps (the runs here, a few dozen), so
+    their late-training overlap is the better estimate for sizing the delta at scale. Per
+    density: the longest |m|-masked, delayed SCAPE run; median over its second half.
+    """
+    best: dict[str, Any] = {}
+    for path in sorted(root.glob("**/runs/*.jsonl")):
+        try:
+            lines = path.read_text().splitlines()
+            header = json.loads(lines[0])
+            variant = header["settings"]["variant"]
+            if variant.get("method") != "scape" or variant.get("statistic") != "momentum":
+                continue
+            if not variant.get("delay_mask", True):
+                continue
+            series = [r["mask_overlap"] for r in map(json.loads, lines[1:])
+                      if r.get("mask_overlap") is not None]  # fmt: skip
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+        key = str(variant["density"])
+        if series and len(series) > best.get(key, {}).get("steps", 0):
+            best[key] = {"overlap": statistics.median(series[len(series) // 2 :]),
+                         "steps": len(series), "file": str(path), "model": header.get("model")}  # fmt: skip
+    return best
+
+
 def megatron_measured(world_size: int, rounds: int) -> dict[str, Any]:
     """Bytes per rank per step read from real multi-rank Megatron runs (loopback gloo)."""
     from benchmarks.megatron_workload import scape_adapter_available
@@ -185,8 +213,17 @@ def main(argv: list[str] | None = None) -> int:
         d: measured["methods"][f"scape-{s}-delta"]["mask_overlap_median_late"]
         for s, d in (("90", 0.1), ("99", 0.01))
     }
+    quality = quality_study_overlap()
+    source = {str(d): f"measured here ({args.rounds} rounds)" for d in overlap}
+    for d in list(overlap):
+        if str(d) in quality:  # the longer run's overlap is the better guess at scale
+            overlap[d] = quality[str(d)]["overlap"]
+            source[str(d)] = (f"quality study, {quality[str(d)]['model']}, "
+                              f"{quality[str(d)]['steps']} steps")  # fmt: skip
     report: dict[str, Any] = {"model": MODEL, "measured": measured,
-                              "overlap_used_at_scale": overlap}  # fmt: skip
+                              "quality_study_overlap": quality,
+                              "overlap_used_at_scale": overlap,
+                              "overlap_source": source}  # fmt: skip
     print("== bytes: the same through Megatron's train step, 2 gloo ranks", flush=True)
     try:
         report["megatron"] = megatron_measured(2, args.megatron_rounds)
