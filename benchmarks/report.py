@@ -237,6 +237,12 @@ def overhead_section(
     return lines, status
 
 
+def _calibration_note(cal: Any) -> str:
+    if isinstance(cal, dict):
+        return f"MFU {cal['mfu']:.1%} and kernels from {cal['file']} ({cal['gpu']})"
+    return str(cal or "none")
+
+
 def projection_section(p: dict[str, Any] | None) -> list[str]:
     if p is None:
         return ["_projection.json missing: run `make bench-project`._"]
@@ -244,7 +250,8 @@ def projection_section(p: dict[str, Any] | None) -> list[str]:
     lines = [f"32 GH200 nodes, one GPU each; NDR {a['link_gbit']:.0f} Gbit/s x {a['link_efficiency']} "
              f"= {a['link_gbit'] * a['link_efficiency'] / 8:.0f} GB/s per rank, alpha {a['alpha_us']:.0f} us "
              f"per ring step; compute = FLOPs / ({a['peak_tflops']:.0f} TFLOP/s x MFU {a['mfu']}); "
-             f"{a['tokens_per_gpu']:,} tokens/GPU/step; optimizer work {p['optimizer_source']}. "
+             f"{a['tokens_per_gpu']:,} tokens/GPU/step; optimizer work {p['optimizer_source']}; "
+             f"GPU calibration: {_calibration_note(p.get('gpu_calibration'))}. "
              "`no overlap`: every exchange after backward (as the emulated runs); `overlap`: "
              "both methods hide their value exchange behind compute (Megatron's overlap).", ""]  # fmt: skip
     rows = []
