@@ -21,6 +21,7 @@ at them) to this subclass, which adds behaviour and one attribute, not layout.
 
 from __future__ import annotations
 
+import torch
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 
 from scape.megatron.state import ScapeState, WaitAll
@@ -65,6 +66,17 @@ def promote_bucket_groups(ddp, state: ScapeState) -> None:
     cfg = ddp.ddp_config
     if not cfg.use_distributed_optimizer or cfg.num_distributed_optimizer_instances != 1:
         raise ValueError("SCAPE needs Megatron's distributed optimizer with one instance")
+    # Features whose pre/post-collective steps the overrides below do not perform (getattr:
+    # some exist only in newer megatron-core releases).
+    for flag in ("reduce_scatter_with_fp32_accumulation", "reuse_grad_buf_for_mxfp8_param_ag"):
+        if getattr(cfg, flag, False):
+            raise ValueError(f"SCAPE does not support DistributedDataParallelConfig.{flag}")
+    for buffer in ddp.buffers:
+        if buffer.param_dtype == torch.uint8:
+            raise ValueError("SCAPE does not support fp8 params")
+        for bucket in buffer.buckets:
+            if getattr(bucket, "params_with_extra_main_grads", None):
+                raise ValueError("SCAPE needs every main_grad inside the grad buffer")
     for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
         if type(group) is not _ParamAndGradBucketGroup and not isinstance(group, ScapeBucketGroup):
             raise TypeError(f"unexpected bucket-group class {type(group).__name__}")

@@ -5,7 +5,8 @@
 Each method runs in its own spawned job (gloo on CPU, NCCL on GPUs) with synthetic tokens,
 Megatron's overlap of gradient reduce-scatters with backward and of parameter all-gathers with
 the next forward; the first ``--warmup`` steps are not timed. Prints one JSON line per method
-with rank 0's median and mean step time and SCAPE's bytes per rank per step.
+with rank 0's median and mean step wall time, its median CPU time per step, and SCAPE's bytes
+per rank per step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -53,15 +55,18 @@ def time_steps(
     tokens = torch.randint(
         0, model_shape.vocab_size, (batch, model_shape.seq_length + 1), generator=g
     ).to(device)
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     counter_start = None
     for step in range(warmup + steps):
         if step == warmup and method == "scape":
             counter_start = opt.scape.comm.counter.snapshot()
+        cpu = time.process_time()
         result = train_step(ddp, opt, (tokens[:, :-1], tokens[:, 1:]))
+        cpu = time.process_time() - cpu
         losses.append(result.loss)
         if step >= warmup:
             times.append(result.seconds)
+            cpu_times.append(cpu)
     out = {
         "method": method,
         "shape": shape,
@@ -70,6 +75,9 @@ def time_steps(
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
+        # CPU seconds of this rank's process (all its threads, gloo's included) per step: on a
+        # shared machine a load-independent measure of the work, next to the wall time.
+        "median_step_cpu_s": statistics.median(cpu_times),
         "steps_timed": len(times),
         "first_loss": losses[0],
         "last_loss": losses[-1],
