@@ -143,9 +143,9 @@ class Engine:
             opt._copy_main_params_to_model_params()
 
     def export(self, out_dir: Path, step: int) -> None:
+        """Rank 0 only, after every rank has called :meth:`sync_params` (a collective)."""
         from eval.export import export_model
 
-        self.sync_params()
         export_model(self.ddp.module, self.cfg.model, self.data_dir, out_dir, step=step)
 
 

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from pipelines.config import compose
+from data_prep.errors import DataPrepError
+from eval.errors import EvalError
+from pipelines.config import ConfigError, compose
 
 TINY_EXPERIMENTS = ["gpt345m_owt_quality", "llama500m_slimpj_quality"]
 PAPER_EXPERIMENTS = [
@@ -149,15 +152,19 @@ def main(argv: list[str] | None = None) -> None:
         if args.experiments
         else (TINY_EXPERIMENTS if args.scale == "tiny" else PAPER_EXPERIMENTS)
     )
-    reproduce(
-        args.scale,
-        args.cluster,
-        args.dry_run,
-        experiments,
-        args.output_root,
-        args.tables_dir,
-        args.overrides,
-    )
+    try:
+        reproduce(
+            args.scale,
+            args.cluster,
+            args.dry_run,
+            experiments,
+            args.output_root,
+            args.tables_dir,
+            args.overrides,
+        )
+    except (ConfigError, DataPrepError, EvalError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

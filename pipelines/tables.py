@@ -123,12 +123,16 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+# The headline metric(s) of a task; perplexities of near-random tiny models only add noise.
+TABLE_METRICS = ("acc", "acc_norm", "bits_per_byte")
+
+
 def _task_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     """Flatten eval/results.json's tasks to ``task/metric`` -> value (accuracies etc.)."""
     out = {}
     for task, metrics in (evaluation.get("tasks") or {}).items():
         for metric, value in metrics.items():
-            if isinstance(value, int | float) and "stderr" not in metric:
+            if metric in TABLE_METRICS and isinstance(value, int | float):
                 out[f"{task}/{metric}"] = float(value)
     return out
 

@@ -213,6 +213,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         "wall_clock_s_this_session": time.perf_counter() - run_start,
         "config": asdict(cfg),
     }
+    training.sync_params()  # collective: every rank, before rank 0 reads the params
     if rank == 0:
         training.export(run / "export", step)
         (run / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
