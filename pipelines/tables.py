@@ -7,7 +7,9 @@ Writes ``<out_dir>/quality.{md,csv,tex}``, ``<out_dir>/efficiency.{md,csv,tex}``
 ``<out_dir>/loss_<experiment>.png`` and ``<out_dir>/wandb_report.json`` (a W&B report spec:
 panels that overlay the runs' loss curves, grouped by experiment).
 
-Quality: final validation loss / perplexity and downstream accuracy per optimizer.
+Quality: final validation loss / perplexity (the evaluate stage's, over the whole validation
+split; training's periodic estimate when a run has not been evaluated) and downstream
+accuracy per optimizer.
 Efficiency: median step time, training time (sum of step times), bytes per rank per step,
 speed-up and time saved against dense AdamS of the same experiment. The paper's published
 headline figures (the abstract's; no table values are public) sit in their own column.
@@ -66,6 +68,10 @@ class RunSummary:
 
     @property
     def final_val_loss(self) -> float | None:
+        """The evaluate stage's loss over the whole validation split, else training's last estimate."""
+        full = (self.eval.get("validation") or {}).get("loss")
+        if full is not None:
+            return float(full)
         vals = [r["val_loss"] for r in self.metrics if "val_loss" in r]
         return vals[-1] if vals else None
 
