@@ -1,11 +1,22 @@
-"""Performance benchmarks: bytes on the wire, step time on an emulated cluster, optimizer
-overhead, and an alpha-beta cost model projected to the paper's cluster.
+"""Performance benchmarks (issue 6): bytes on the wire, step time on an emulated
+bandwidth-limited cluster, optimizer overhead, and an alpha-beta cost model projected to
+the paper's cluster. ``make bench`` runs them all; ``results/bench/README.md`` is the summary.
 
-``make bench`` runs them all and writes ``results/bench/*.json`` and its README. Modules:
-  netns       network namespaces joined by tbf-shaped veth links (the emulated cluster)
-  launch      one rank process per namespace, results collected as JSON
-  rank_main   a rank's program: collective calibration sweep, alternating training steps
-  compute     the small Llama and byte-level text behind every step
-  workloads   the benchmarked step (dense ZeRO-1 / SCAPE over scape.comm) behind one seam
+Entry points (each ``python -m benchmarks.<name>``, each writes one JSON file):
+  bytes       bytes per rank per step by kind, every method and mask encoding (delta too)
+  overhead    SCAPE's optimizer-side work vs a dense AdamS step, one Llama-1.8B bucket
+  cluster     step times in network namespaces joined by tbf-shaped veths (root only)
+  projection  the cost model at 32 GH200 nodes, assumptions recorded
+  report      results/bench/README.md from the JSON files
+  core        (the lead's) bytes by encoding and selection overhead for one model size
+Pieces:
+  netns       the namespaces, bridge, veths and shapers; always torn down
+  launch      one rank process per namespace (or on loopback), results as JSON
+  rank_main   a rank: collective calibration sweep, then methods alternating step by step
+  workloads   the benchmarked step behind one seam: dense ZeRO-1 / SCAPE over scape.comm
+  megatron_workload  the same seam over Megatron's train step (dense, and SCAPE's adapter)
+  compute     the small Llama and byte-level text behind the communicator-level workload
+  ring        a p2p ring reduce-scatter (gloo's own sends ~2x the ring's bytes)
+  costmodel   alpha-beta ring collectives: fit and step-time prediction
 ``scape`` imports nothing from here.
 """

@@ -28,6 +28,36 @@ TARGETS = {
 }
 
 
+NOTES = [
+    "- gloo's own `reduce_scatter_tensor` sends about twice the ring volume (interface "
+    "counters in the calibration, `reduce_scatter_native`); NCCL rings do not, so the "
+    "emulated cluster reduces with a p2p ring (`benchmarks/ring.py`) for dense and SCAPE "
+    "alike. With it the bytes the veths carried match the counters (wire/counted above).",
+    "- The emulated cluster runs on 2 CPU cores shared with other jobs (load average in the "
+    "calibration table): compute and every collective are time-sliced, so step times scatter "
+    "widely from round to round. Read the best-of-rounds columns as the cost of a step, the "
+    "medians as what this machine gave.",
+    "- Overheads eat the gain on a CPU: SCAPE's per-step work is O(N) per rank, not only "
+    "O(shard) (commit of the residual over all W shards, decay of all params, packing and "
+    "scattering W*k values), and at 90% the selection and bitmap decoding of 10%-dense masks "
+    "dominate; see section 3. On a GPU these are memory-bound kernels (modeled ~3-4% of a "
+    "Llama-1.8B step), unverified here.",
+    "- At 32 ranks and 45 buckets (Llama-1.8B) SCAPE's small collectives are latency-bound: "
+    "31 ring steps x 10 us x 45 buckets = 14 ms per kind per step, more than the bytes cost. "
+    "Fusing all buckets' sparse exchange into one collective per step (the masks are known "
+    "before backward) would cut that by ~45x; suggested for the adapter.",
+    "- The paper's x3.26 (Llama-1.8B) and 43.3% (Llama-500M) need the dense exchange to "
+    "dominate the step: under our NDR assumptions that means about 1k tokens per GPU per "
+    "step with no overlap (sweep above); with Megatron's overlap of the dense exchange "
+    "behind compute the projected gain vanishes. The paper's batch, bandwidth and overlap "
+    "settings are not public.",
+    "- Not done here: GPU measurements (no GPU in this session; `scripts/gpu_check.py` "
+    "output is picked up by `make bench-project` when it exists); the emulated-cluster step "
+    "is the communicator-level workload, not the Megatron adapter's train step (that "
+    "workload exists, `benchmarks/megatron_workload.py`, and feeds the Megatron byte table).",
+]
+
+
 def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -339,6 +369,10 @@ def render(bench_dir: Path) -> str:
         "## 4. Projection to 32 GH200 nodes",
         "",
         *projection_section(p),
+        "",
+        "## Findings and caveats",
+        "",
+        *NOTES,
         "",
     ]
     return "\n".join(head)
