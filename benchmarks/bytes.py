@@ -197,8 +197,8 @@ def paper_scale_bytes(n_params: int, world_size: int, overlap: dict[float, float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--megatron-rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/bench/bytes.json"))
     args = parser.parse_args(argv)
