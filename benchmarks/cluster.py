@@ -42,7 +42,7 @@ DEFAULT_METHODS = [
     {"name": "scape-99-sync", "density": 0.01, "overlap": False},
 ]
 METHODS_BY_NAME = {m["name"]: m for m in DEFAULT_METHODS}
-CALIBRATION = {"sizes": [4096, 65536, 524288, 2097152, 8388608], "reps": 3}
+CALIBRATION = {"sizes": [4096, 65536, 524288, 2097152, 8388608], "reps": 5}
 ESTIMATORS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "best": min}
 LOCAL_PHASES = ("pack", "update", "unpack", "mask_select", "mask_send", "mask_decode")
 
