@@ -141,12 +141,15 @@ def kernel_microbench(
         positions = bucket_positions(masks, shard)
         for enc in ("offset16", "bitmap"):
             payload = encode_mask(mask, shard, enc)
-            row[f"encode_{enc}_s"] = timer(
-                lambda: [encode_mask(mask, shard, enc) for _ in range(n_buckets)]
-            )  # noqa: B023
-            row[f"decode_{enc}_all_ranks_s"] = timer(
-                lambda: [decode_mask(payload, shard, k, enc) for _ in range(n_buckets * world_size)]  # noqa: B023
-            )
+
+            def encode_all(mask=mask, enc=enc):
+                return [encode_mask(mask, shard, enc) for _ in range(n_buckets)]
+
+            def decode_all(payload=payload, k=k, enc=enc):
+                return [decode_mask(payload, shard, k, enc) for _ in range(n_buckets * world_size)]
+
+            row[f"encode_{enc}_s"] = timer(encode_all)
+            row[f"decode_{enc}_all_ranks_s"] = timer(decode_all)
 
         def pack(positions=positions):
             for b in range(n_buckets):

@@ -213,8 +213,10 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         bits = {4: torch.int32, 2: torch.int16}[self.param_buffer.element_size()]
         param_sum = self.param_buffer.view(bits).to(torch.int64).sum()
         mask_sum = torch.zeros((), dtype=torch.int64, device=st.device)
-        # The masks used this step, and those for the next step once they have arrived.
-        for masks in [*st.used_masks, *(st.masks or [])]:
+        # The masks of this step (of the last one, between steps), and those for the next step
+        # once they have arrived.
+        used = st.used_masks if any(m is not None for m in st.used_masks) else st.last_used_masks
+        for masks in [*(used or []), *(st.masks or [])]:
             if masks is not None:
                 for j, m in enumerate(masks):
                     mask_sum += m.sum() * (j + 1) + m.numel()

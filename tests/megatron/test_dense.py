@@ -5,6 +5,7 @@ cost); the tests below each check one property of its results.
 """
 
 import hashlib
+import sys
 
 import pytest
 import torch
@@ -14,6 +15,12 @@ from scape.testing import run_distributed
 
 STEPS = 8
 WORLD = 2
+
+
+def _skip_wandb() -> None:
+    """megatron-core imports wandb (for its inference engine, ~1.5 s per process) when it can;
+    these ranks never log, so make that import fail fast, as megatron allows."""
+    sys.modules.setdefault("wandb", None)
 
 
 def _param_digest(params) -> str:
@@ -106,6 +113,7 @@ def _param_counts() -> dict:
 
 
 def _dense_runs(rank, world_size):
+    _skip_wandb()
     from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, init_megatron, wrap_ddp
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.megatron.train import train_step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import sys
 
 import pytest
 import torch
@@ -21,6 +22,14 @@ BUCKET = 20_000  # elements: tiny models get 4-5 buckets, so the multi-bucket pa
 
 
 # ----------------------------------------------------------------------------- helpers (ranks)
+
+
+def _skip_wandb() -> None:
+    """megatron-core imports wandb (for its inference engine, ~1.5 s per process) when it can;
+    these ranks never log, so make that import fail fast, as megatron allows."""
+    sys.modules.setdefault("wandb", None)
+
+
 def _digest(tensors) -> str:
     h = hashlib.sha256()
     for t in tensors:
@@ -186,6 +195,7 @@ def _llama_cfg():
 
 
 def _two_rank_suite(rank, world_size, ckpt_dir):
+    _skip_wandb()
     from scape.config import ScapeConfig
 
     out = {}
@@ -271,6 +281,7 @@ def _skip_and_divergence(rank, world_size):
 
 
 def _resume(rank, world_size, ckpt_dir):
+    _skip_wandb()
     from scape.megatron.checkpoint import CheckpointMismatch, load_scape_checkpoint
     from scape.megatron.dense import init_megatron
     from scape.megatron.models import SHAPES
@@ -302,6 +313,7 @@ def _resume(rank, world_size, ckpt_dir):
 
 
 def _four_rank_suite(rank, world_size, ckpt_dir):
+    _skip_wandb()
     from scape.megatron.checkpoint import CheckpointMismatch, load_scape_checkpoint
 
     out = {"gpt": _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), sim=True)}
