@@ -100,3 +100,16 @@ def test_unknown_names_fail_at_composition():
 
 def test_conf_dir_is_the_repository_conf():
     assert Path(__file__).resolve().parents[2] / "conf" == CONF_DIR
+
+
+def test_scape_options_expose_every_scape_config_field():
+    """ScapeOptions is ScapeConfig in the user's terms (sparsity for density), field for field."""
+    import dataclasses
+
+    from pipelines.config import ScapeOptions
+    from scape.config import ScapeConfig
+
+    options = {f.name: f.default for f in dataclasses.fields(ScapeOptions)}
+    config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
+    assert options.pop("sparsity") == pytest.approx(1 - config.pop("density"))
+    assert options == config
