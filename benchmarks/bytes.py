@@ -105,32 +105,43 @@ def summarize_measured(results: list[dict[str, Any]]) -> dict[str, Any]:
             "shard_size": results[0]["shard_size"], "methods": methods}  # fmt: skip
 
 
+def _is_paper_scape(variant: dict[str, Any]) -> bool:
+    """The paper's SCAPE: |m| statistic, delayed mask, error feedback, frozen m, no age term."""
+    return (variant.get("method") == "scape" and variant.get("statistic") == "momentum"
+            and variant.get("delay_mask", True) and variant.get("error_feedback", True)
+            and variant.get("off_mask_momentum", "freeze") == "freeze"
+            and variant.get("age_weight", 0.0) == 0.0)  # fmt: skip
+
+
 def quality_study_overlap(root: Path = Path("results/quality")) -> dict[str, Any]:
     """Overlap of consecutive masks from the quality study's runs (issue 7), if present.
 
     Those runs train for hundreds to thousands of steps (the runs here, a few dozen), so
     their late-training overlap is the better estimate for sizing the delta at scale. Per
-    density: the longest |m|-masked, delayed SCAPE run; median over its second half.
+    density: the longest run of the paper's SCAPE; median over its second half. Every
+    other SCAPE variant's overlap is listed under ``variants`` (an age term, for one,
+    rotates the mask on purpose, and the delta then buys nothing).
     """
     best: dict[str, Any] = {}
+    variants: dict[str, float] = {}
     for path in sorted(root.glob("**/runs/*.jsonl")):
         try:
             lines = path.read_text().splitlines()
             header = json.loads(lines[0])
             variant = header["settings"]["variant"]
-            if variant.get("method") != "scape" or variant.get("statistic") != "momentum":
-                continue
-            if not variant.get("delay_mask", True):
-                continue
             series = [r["mask_overlap"] for r in map(json.loads, lines[1:])
                       if r.get("mask_overlap") is not None]  # fmt: skip
         except (OSError, ValueError, KeyError, IndexError):
             continue
+        if variant.get("method") != "scape" or not series:
+            continue
+        late = statistics.median(series[len(series) // 2 :])
+        variants[f"{path.parent.parent.name}/{header.get('run_id', path.stem)}"] = late
         key = str(variant["density"])
-        if series and len(series) > best.get(key, {}).get("steps", 0):
-            best[key] = {"overlap": statistics.median(series[len(series) // 2 :]),
-                         "steps": len(series), "file": str(path), "model": header.get("model")}  # fmt: skip
-    return best
+        if _is_paper_scape(variant) and len(series) > best.get(key, {}).get("steps", 0):
+            best[key] = {"overlap": late, "steps": len(series), "file": str(path),
+                         "model": header.get("model")}  # fmt: skip
+    return {**best, "variants": variants} if best or variants else {}
 
 
 def megatron_measured(world_size: int, rounds: int) -> dict[str, Any]:

@@ -109,6 +109,18 @@ def bytes_section(b: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
                              for m in models),
                      f"{e['dense_over_this']:.1f}", f"{e['this_over_value_limit']:.2f}"])  # fmt: skip
     lines += _table(["method", *models, f"dense bf16 / this ({models[-1]})", "this / values"], rows)
+    variants = b.get("quality_study_overlap", {}).get("variants", {})
+    if variants:
+        by_name: dict[str, list[float]] = {}
+        for run, overlap in variants.items():
+            by_name.setdefault(run.split("__")[1], []).append(overlap)
+        lines += ["", "Overlap of consecutive masks in the quality study's runs, late-training "
+                  "median per variant (min-max over models and seeds): "
+                  + ", ".join(f"{v} {min(o):.3f}-{max(o):.3f}" for v, o in sorted(by_name.items()))
+                  + ". The delta pays only for the first-moment mask; masks that rotate (age "
+                  "term, residual or raw-gradient statistics) change almost entirely each step, "
+                  "where the delta costs slightly more than offset16 and a fall-back would be "
+                  "needed."]  # fmt: skip
     lines += ["", *megatron_bytes_lines(b.get("megatron"))]
     best = {}
     scale = b["paper_scale"][models[-1]]["methods"]
