@@ -92,18 +92,31 @@ def reproduce(
                 seen.add(key)
                 _prepare(cfg)
     _banner(f"2/4 pretrain {len(configs)} runs ({', '.join(experiments)})")
-    run_dirs = []
-    for i, cfg in enumerate(configs, 1):
+    run_dirs = [run_dir_of(cfg) for cfg in configs]
+    if not local:
+        from pipelines.slurm import submit_sweep
+
+        for experiment in experiments:  # one job array per experiment
+            mine = [i for i, c in enumerate(configs) if c.experiment == experiment]
+            for i, result in zip(
+                mine,
+                submit_sweep([configs[i] for i in mine], [run_dirs[i] for i in mine]),
+                strict=True,
+            ):
+                print(
+                    f"[{i + 1}/{len(configs)}] {experiment}: {configs[i].optimizer.label} -> {json.dumps(result)}",
+                    flush=True,
+                )
+    for i, cfg in enumerate(configs if local else [], 1):
         print(
-            f"[{i}/{len(configs)}] {cfg.experiment}: {cfg.model.name} with {cfg.optimizer.label} -> {run_dir_of(cfg)}",
+            f"[{i}/{len(configs)}] {cfg.experiment}: {cfg.model.name} with {cfg.optimizer.label} -> {run_dirs[i - 1]}",
             flush=True,
         )
         result = pretrain_run(cfg)
         print(
-            f"    {json.dumps({k: v for k, v in result.items() if k in ('status', 'step', 'final_val_loss', 'job_id', 'sbatch')})}",
+            f"    {json.dumps({k: v for k, v in result.items() if k in ('status', 'step', 'final_val_loss')})}",
             flush=True,
         )
-        run_dirs.append(run_dir_of(cfg))
     if not local:
         _banner("submitted; when the jobs have finished, evaluate and tabulate with:")
         for run_dir in run_dirs:

@@ -5,6 +5,9 @@ every task is one data-parallel rank. The job is ``Checkpointable``: on preempti
 limit submitit signals it, the trainer checkpoints at the next step boundary and the job is
 requeued, then resumes from that checkpoint.
 
+A sweep (``make reproduce-table SCALE=paper``) goes in as one job array per experiment, with
+at most ``cluster.max_concurrent`` of its runs holding nodes at once.
+
 ``dry_run=true`` writes what would be submitted (the sbatch script and the resolved config)
 to ``<run>/slurm/`` and submits nothing.
 """
@@ -18,7 +21,7 @@ from omegaconf import OmegaConf
 
 from pipelines.config import ConfigError, PretrainConfig
 
-__all__ = ["SlurmTrainJob", "slurm_parameters", "submit_pretrain"]
+__all__ = ["SlurmTrainJob", "slurm_parameters", "submit_pretrain", "submit_sweep"]
 
 
 class SlurmTrainJob:
@@ -66,22 +69,39 @@ def slurm_parameters(cfg: PretrainConfig, job_name: str) -> dict[str, Any]:
     }
 
 
-def submit_pretrain(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+def _write_dry_run(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+    from submitit.slurm.slurm import _make_sbatch_string
+
     folder = run_dir / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     params = slurm_parameters(cfg, job_name=f"scape-{run_dir.name}")
-    if cfg.dry_run:
-        from submitit.slurm.slurm import _make_sbatch_string
+    # submitit's own sbatch writer, so the dry run shows exactly what would be submitted.
+    script = _make_sbatch_string(
+        command="python -u -m submitit.core._submit '%j'", folder=str(folder), **params
+    )
+    (folder / "job.sbatch").write_text(script)
+    return {"status": "dry_run", "run_dir": str(run_dir), "sbatch": str(folder / "job.sbatch")}
 
-        # submitit's own sbatch writer, so the dry run shows exactly what would be submitted.
-        script = _make_sbatch_string(
-            command="python -u -m submitit.core._submit '%j'", folder=str(folder), **params
-        )
-        (folder / "job.sbatch").write_text(script)
-        return {"status": "dry_run", "run_dir": str(run_dir), "sbatch": str(folder / "job.sbatch")}
+
+def submit_sweep(cfgs: list[PretrainConfig], run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Submit runs with identical resources as one submitit job array, at most
+    ``cluster.max_concurrent`` running at once (a single run is an array of one)."""
+    for cfg, run_dir in zip(cfgs, run_dirs, strict=True):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    first = cfgs[0]
+    if first.dry_run:
+        return [_write_dry_run(cfg, run_dir) for cfg, run_dir in zip(cfgs, run_dirs, strict=True)]
+    name = f"scape-{run_dirs[0].name}" if len(cfgs) == 1 else f"scape-{first.experiment}"
+    params = slurm_parameters(first, job_name=name)
+    for cfg in cfgs[1:]:
+        if slurm_parameters(cfg, job_name=name) != params:
+            raise ConfigError(
+                f"runs of one Slurm array need identical resources; {cfg.run_name} differs"
+            )
     import submitit
 
+    folder = run_dirs[0] / "slurm" if len(cfgs) == 1 else run_dirs[0].parent / "slurm"
     executor = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
     executor.update_parameters(
         name=params["job_name"],
@@ -93,6 +113,18 @@ def submit_pretrain(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
         cpus_per_task=params["cpus_per_task"],
         timeout_min=params["time"],
         slurm_setup=params["setup"],
+        slurm_array_parallelism=first.cluster.max_concurrent,
     )
-    job = executor.submit(SlurmTrainJob(), cfg, str(run_dir))
-    return {"status": "submitted", "job_id": job.job_id, "run_dir": str(run_dir)}
+    with executor.batch():
+        jobs = [
+            executor.submit(SlurmTrainJob(), cfg, str(d))
+            for cfg, d in zip(cfgs, run_dirs, strict=True)
+        ]
+    return [
+        {"status": "submitted", "job_id": job.job_id, "run_dir": str(d)}
+        for job, d in zip(jobs, run_dirs, strict=True)
+    ]
+
+
+def submit_pretrain(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+    return submit_sweep([cfg], [run_dir])[0]

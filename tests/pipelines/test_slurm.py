@@ -51,3 +51,22 @@ def test_missing_account_is_a_clear_error(tmp_path, monkeypatch):
     cfg = compose(["experiment=gpt345m_owt_quality", "dry_run=true", f"output_root={tmp_path}"])
     with pytest.raises(ConfigError, match="export SLURM_ACCOUNT=<your allocation>"):
         run(cfg)
+
+
+def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch):
+    from pipelines.pretrain import run_dir_of
+    from pipelines.slurm import submit_sweep
+
+    monkeypatch.setenv("SLURM_ACCOUNT", "TG-ABC123")
+    a = compose(["experiment=llama1p8b_step", "optimizer=adams", f"output_root={tmp_path}"])
+    b = compose(
+        [
+            "experiment=llama1p8b_step",
+            "optimizer=scape99",
+            "cluster.nodes=16",
+            "train.global_batch_size=64",
+            f"output_root={tmp_path}",
+        ]
+    )
+    with pytest.raises(ConfigError, match="identical resources"):
+        submit_sweep([a, b], [run_dir_of(a), run_dir_of(b)])
