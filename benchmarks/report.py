@@ -99,7 +99,7 @@ def bytes_section(b: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
                          for k, v in b["overlap_used_at_scale"].items())  # fmt: skip
     models = list(b["paper_scale"])
     lines += ["", "At paper scale, W=32 ranks, Megatron buckets of 40M, MB per rank per step "
-              f"(dense AdamW = dense AdamS; the delta encoding sized with the overlap measured above, "
+              f"(dense AdamW = dense AdamS; the delta encoding sized with the mask overlap of "
               f"{overlaps}):", ""]  # fmt: skip
     rows = []
     for name, e in b["paper_scale"][models[-1]]["methods"].items():
