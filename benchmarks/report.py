@@ -358,9 +358,11 @@ def render(bench_dir: Path) -> str:
         f"no GPU{'' if not torch.cuda.is_available() else ' (GPU present)'}. Raw numbers: "
         "`bytes.json`, `cluster.json`, `overhead.json`, `projection.json` beside this file.",
         "",
-        "**What ran:** the *communicator-level* workload (`benchmarks/workloads.py`: the library's "
-        "`scape.comm` collectives and `scape.shard` step over a flat ZeRO-1 buffer, fed by a small "
-        "Llama's real forward/backward), not the Megatron adapter's train step.",
+        "**What ran:** step times (section 2) and the first byte table come from the "
+        "*communicator-level* workload (`benchmarks/workloads.py`: the library's `scape.comm` "
+        "collectives and `scape.shard` step over a flat ZeRO-1 buffer, fed by a small Llama's "
+        "real forward/backward), not the Megatron adapter's train step; the Megatron byte table "
+        "comes from 2-rank runs of Megatron's train step (`benchmarks/megatron_workload.py`).",
         "",
         "## Targets",
         "",
