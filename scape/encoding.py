@@ -79,6 +79,13 @@ def encode_mask(indices: Tensor, shard_size: int, encoding: str) -> Tensor:
     return (bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
 
 
+def _aligned(payload: Tensor) -> Tensor:
+    """A contiguous byte tensor whose storage offset allows int32 views: a rank's chunk of an
+    all-gathered buffer can start at any byte, and dtype views need aligned storage."""
+    payload = payload.contiguous()
+    return payload if payload.storage_offset() % 8 == 0 else payload.clone()
+
+
 def decode_mask(payload: Tensor, shard_size: int, k: int, encoding: str) -> Tensor:
     """Inverse of :func:`encode_mask`: uint8 payload -> sorted int64 indices (k,)."""
     encoding = resolve_encoding(encoding, shard_size, k)
@@ -86,11 +93,11 @@ def decode_mask(payload: Tensor, shard_size: int, k: int, encoding: str) -> Tens
     if payload.numel() != expected:
         raise ValueError(f"{encoding} payload has {payload.numel()} bytes, expected {expected}")
     if encoding == "int32":
-        return payload.contiguous().view(torch.int32).to(torch.int64)
+        return _aligned(payload).view(torch.int32).to(torch.int64)
     if encoding == "offset16":
         n_blocks = math.ceil(shard_size / BLOCK)
-        counts = payload[: 4 * n_blocks].contiguous().view(torch.int32).to(torch.int64)
-        offsets = payload[4 * n_blocks :].contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+        counts = _aligned(payload[: 4 * n_blocks]).view(torch.int32).to(torch.int64)
+        offsets = _aligned(payload[4 * n_blocks :]).view(torch.int16).to(torch.int64) & 0xFFFF
         blocks = torch.repeat_interleave(torch.arange(n_blocks, device=payload.device), counts)
         return blocks * BLOCK + offsets
     weights = _BIT_WEIGHTS.to(payload.device)

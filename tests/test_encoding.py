@@ -54,3 +54,12 @@ def test_bad_inputs():
         encoded_nbytes(10, 2, "zip")
     with pytest.raises(ValueError, match="expected"):
         decode_mask(torch.zeros(3, dtype=torch.uint8), 100, 2, "int32")
+
+
+def test_decode_accepts_a_chunk_at_an_odd_byte_offset():
+    """A rank's slice of an all-gathered buffer can start anywhere."""
+    n, idx = 5000, torch.tensor([1, 7, 4000])
+    for enc in ("int32", "offset16", "bitmap"):
+        payload = encode_mask(idx, n, enc)
+        gathered = torch.cat([torch.zeros(3, dtype=torch.uint8), payload])
+        assert torch.equal(decode_mask(gathered[3:], n, 3, enc), idx)
