@@ -5,7 +5,7 @@ Megatron-Core assumes CUDA in a handful of places (checked against 0.16.1):
 * ``device="cuda"`` / ``device=torch.cuda.current_device()`` tensor creation:
   ``distributed/param_and_grad_buffer.py`` (buffer allocation, ~l.780-806),
   ``optimizer/optimizer.py`` (``found_inf``, ``_dummy_overflow_buf``, ``_scale_one``, l.473-485),
-  ``optimizer/clip_grads.py`` (norm / clip scratch tensors, l.87-105, l.173, l.204),
+  ``optimizer/clip_grads.py`` (norm / clip scratch tensors, l.90-115, l.174, l.207),
   ``utils.py`` (``GlobalMemoryBuffer.get_tensor``, l.631), rotary embeddings
   (``rotary_pos_embedding.py`` l.162, l.297) and the default causal mask
   (``transformer/utils.py`` l.35-40, only when ``attention_mask=None``).
