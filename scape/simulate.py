@@ -250,11 +250,13 @@ class Simulator:
             GRAD_VALUES: 0.0,
             PARAM_VALUES: 0.0,
             MASKS: 0.0,
-            SCALARS: 2 * ring_bytes_per_rank(4, W),
+            # The norm scalar travels as float64 so every rank sums it exactly as here.
+            SCALARS: 2 * ring_bytes_per_rank(8, W),
         }
-        if not dense and not cfg.delay_mask:
+        if not dense and (not cfg.delay_mask or self.masks is None):
             # Without the delay the mask is made now, from this step's local buffers, and
-            # its exchange sits on the critical path before the reduce-scatter.
+            # its exchange sits on the critical path before the reduce-scatter. (With the
+            # delay this happens only after a skipped last warm-up step left no mask.)
             self.masks = self._compute_masks(t, self.residual + fresh)
         if not dense:
             bytes_[MASKS] = self._mask_bytes()
@@ -295,6 +297,10 @@ class Simulator:
             for j in range(W)
         ]
         norm = torch.sqrt(sum(owner_sq[1:], owner_sq[0])).float()
+        # An unsent non-finite entry would poison a residual for good: any rank's non-finite
+        # fresh gradient makes every rank skip (the adapter folds it into the norm scalar).
+        if not bool(torch.isfinite(fresh).all()):
+            norm = torch.tensor(float("nan"))
         self.step_count = t
         if not torch.isfinite(norm):
             # Nothing committed: residuals, m, age and masks stay as they were.

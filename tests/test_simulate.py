@@ -198,6 +198,7 @@ def test_byte_counts_follow_the_ring_formulas():
     assert results[2].bytes["grad_values"] == ring * W * k * 4
     assert results[2].bytes["param_values"] == ring * W * k * 4
     assert results[2].bytes["masks"] == ring * W * 4 * k
+    assert results[2].bytes["scalars"] == 2 * ring * 8  # the float64 norm scalar
 
 
 def test_rejects_unknown_method_and_bad_batch_count():
@@ -214,7 +215,9 @@ def test_conservation_holds_with_several_buckets():
     model = make_model()
     layout = FlatLayout.contiguous([p.numel() for p in model.parameters()], W, bucket_size=40)
     assert len(layout.buckets) > 2
-    sim = Simulator(model, W, method="scape", hparams=HP, scape=ScapeConfig(density=0.1), layout=layout)
+    sim = Simulator(
+        model, W, method="scape", hparams=HP, scape=ScapeConfig(density=0.1), layout=layout
+    )
     produced = torch.zeros(layout.total, dtype=torch.float64)
     sent = torch.zeros(layout.total, dtype=torch.float64)
     for t in range(8):
@@ -223,3 +226,36 @@ def test_conservation_holds_with_several_buckets():
         sim.step(batches, mse)
         sent += sim.last_sent.double()
     torch.testing.assert_close(sent + sim.residual.double().sum(0), produced, rtol=0, atol=2e-5)
+
+
+def test_non_finite_entry_off_the_mask_also_skips():
+    """A NaN in an unsent entry would stay in the residual forever; the step is skipped."""
+    sim = Simulator(make_model(), 2, method="scape", hparams=HP, scape=ScapeConfig(density=0.01))
+    run(sim, 3)
+    residual = sim.residual.clone()
+
+    def nan_in_one_weight(model, batch):
+        loss = mse(model, batch)
+        return loss + 0.0 * model[0].weight[0, 0] * float("nan") if batch is bad[1] else loss
+
+    bad = batches_for(50, 2)
+    assert sim.step(bad, nan_in_one_weight).skipped
+    assert torch.equal(sim.residual, residual)
+
+
+def test_skipped_last_warm_up_step_does_not_leave_the_next_step_without_masks():
+    sim = Simulator(
+        make_model(),
+        2,
+        method="scape",
+        hparams=HP,
+        scape=ScapeConfig(density=0.1, dense_warmup_steps=2),
+    )
+    run(sim, 1)
+    bad = batches_for(9, 2)
+    bad[0] = (bad[0][0] * float("inf"), bad[0][1])
+    assert sim.step(bad, mse).skipped and sim.masks is None
+    result = sim.step(batches_for(10, 2), mse)
+    assert not result.skipped and sim.last_used_masks[0][0].numel() == num_selected(
+        sim.layout.shard_size(0), 0.1
+    )
