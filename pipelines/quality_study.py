@@ -84,7 +84,7 @@ def plot_groups(variants: dict[str, VariantSpec]) -> list[tuple[str, list[str]]]
     return groups
 
 
-def study_notes(cfg: QualityStudyConfig, plan: list[RunSpec]) -> str:
+def study_notes(cfg: QualityStudyConfig) -> str:
     s = cfg.scale
     tokens = s.steps * s.world_size * s.batch_per_worker * s.seq_length
     return (
@@ -97,7 +97,8 @@ def study_notes(cfg: QualityStudyConfig, plan: list[RunSpec]) -> str:
         f"after the last step. "
         f"Gap = relative difference of the seed-mean to dense AdamS's seed-mean. "
         f"Mask overlap = |M_t & M_t-1| / k averaged over steps and shards; bytes = per rank per "
-        f"step relative to dense AdamS (fp32 values). This invocation planned {len(plan)} runs."
+        f"step relative to dense AdamS (fp32 values). Paired gap: per seed against the AdamS "
+        f"run with the same seed (same data order and initial weights), then mean and std."
     )
 
 
@@ -142,7 +143,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         return []
     labels = {k: v.label or k for k, v in cfg.variants.items()}
     rows = write_report(
-        out_dir, list(cfg.variants), plot_groups(cfg.variants), labels, study_notes(cfg, plan)
+        out_dir, list(cfg.variants), plot_groups(cfg.variants), labels, study_notes(cfg)
     )
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return rows
