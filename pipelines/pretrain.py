@@ -26,7 +26,7 @@ from data_prep.errors import DataPrepError
 from pipelines.config import ConfigError, PretrainConfig, register_configs, validate
 from pipelines.tracking import METRICS_FILE, read_metrics, run_name
 
-__all__ = ["main", "run", "run_dir_of"]
+__all__ = ["claim_run_dir", "main", "run", "run_dir_of"]
 
 register_configs()
 
@@ -87,12 +87,31 @@ class _Progress:
             self.bar.close()
 
 
+def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
+    """Write config.yaml, or check that an existing run directory holds this same run.
+
+    Resuming (or calling finished) a run made with other settings would silently mix two
+    experiments; only the progress bar may differ.
+    """
+    resolved = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    saved_path = run_dir / "config.yaml"
+    if saved_path.is_file():
+        saved = OmegaConf.load(saved_path)
+        saved.progress = cfg.progress
+        if OmegaConf.to_yaml(saved) != resolved:
+            raise ConfigError(
+                f"{run_dir} holds a run with other settings (see its config.yaml); "
+                "set run_name=<new name> or output_root=<other dir>, or delete that directory"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved_path.write_text(resolved)
+
+
 def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
     from pipelines.trainer import train_rank
     from scape.testing import run_distributed
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    claim_run_dir(cfg, run_dir)
     progress = _Progress(run_dir / METRICS_FILE, cfg.train.train_steps, cfg.progress, run_dir.name)
     try:
         results = run_distributed(

@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from pipelines.config import ConfigError, PretrainConfig
 
 __all__ = ["SlurmTrainJob", "slurm_parameters", "submit_pretrain", "submit_sweep"]
@@ -86,9 +84,10 @@ def _write_dry_run(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
 def submit_sweep(cfgs: list[PretrainConfig], run_dirs: list[Path]) -> list[dict[str, Any]]:
     """Submit runs with identical resources as one submitit job array, at most
     ``cluster.max_concurrent`` running at once (a single run is an array of one)."""
+    from pipelines.pretrain import claim_run_dir
+
     for cfg, run_dir in zip(cfgs, run_dirs, strict=True):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        claim_run_dir(cfg, run_dir)
     first = cfgs[0]
     if first.dry_run:
         return [_write_dry_run(cfg, run_dir) for cfg, run_dir in zip(cfgs, run_dirs, strict=True)]

@@ -70,3 +70,18 @@ def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch
     )
     with pytest.raises(ConfigError, match="identical resources"):
         submit_sweep([a, b], [run_dir_of(a), run_dir_of(b)])
+
+
+def test_a_run_directory_is_not_reused_for_other_settings(tmp_path):
+    from pipelines.pretrain import claim_run_dir, run_dir_of
+
+    cfg = compose(["optimizer=scape99", f"output_root={tmp_path}"])
+    claim_run_dir(cfg, run_dir_of(cfg))
+    claim_run_dir(
+        compose(["optimizer=scape99", f"output_root={tmp_path}", "progress=false"]), run_dir_of(cfg)
+    )
+    changed = compose(
+        ["optimizer=scape99", f"output_root={tmp_path}", "optimizer.scape.error_feedback=false"]
+    )
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        claim_run_dir(changed, run_dir_of(changed))
