@@ -80,8 +80,7 @@ bench-report: $(STAMP)
 # Its data is the embedded corpus with a 1,024-entry byte-level BPE, prepared on first use.
 QUALITY_DATA := data/enwiki_sample__bytebpe1k
 quality-study: $(STAMP)
-	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe4k \
-		tokenizer.name=bytebpe1k tokenizer.vocab_size=1024
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study $(if $(QUICK),quick=true) data_dir=$(QUALITY_DATA) $(ARGS)
 
 clean-venv:
