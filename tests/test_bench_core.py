@@ -18,7 +18,9 @@ def test_bytes_match_reference_table_for_large_world():
     ring = (w - 1) / w
     assert out["dense_zero1_bf16"]["total"] == pytest.approx(ring * 4 * n)  # RS 2N + AG 2N
     s99 = out["scape99/int32"]
-    assert s99["grad_values"] + s99["param_values"] == pytest.approx(ring * 0.04 * n)  # 2*rho*N each
+    assert s99["grad_values"] + s99["param_values"] == pytest.approx(
+        ring * 0.04 * n
+    )  # 2*rho*N each
     assert s99["total"] == pytest.approx(ring * 0.08 * n)  # + rho*N int32 indices
     assert out["scape99/bitmap"]["masks"] == pytest.approx(ring * n / 8)
 

@@ -10,7 +10,11 @@ CONDA_FOR = {"torch": "pytorch-gpu", "numpy": "numpy"}
 
 
 def _names(lines):
-    return {re.split(r"[=<>!~ ]", line.strip(), maxsplit=1)[0].lower().replace("_", "-") for line in lines if line.strip() and not line.strip().startswith("#")}
+    return {
+        re.split(r"[=<>!~ ]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+        for line in lines
+        if line.strip() and not line.strip().startswith("#")
+    }
 
 
 def test_environment_has_the_cpu_requirements_package_set():

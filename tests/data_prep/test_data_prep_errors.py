@@ -55,7 +55,10 @@ def test_unknown_tokenizer_name() -> None:
     problem = stage.unknown_group_choice(["data=enwiki_sample", "tokenizer=gpt3"])
     known = ", ".join(sorted(p.stem for p in (stage.CONF_DIR / "tokenizer").glob("*.yaml")))
     assert "bytebpe4k, gpt2, hf" in known
-    assert problem == f"unknown tokenizer 'gpt3'; use one of: {known} (or add conf/tokenizer/gpt3.yaml)"
+    assert (
+        problem
+        == f"unknown tokenizer 'gpt3'; use one of: {known} (or add conf/tokenizer/gpt3.yaml)"
+    )
     assert stage.unknown_group_choice(["tokenizer=gpt2", "num_proc=2"]) is None
 
 
