@@ -16,7 +16,7 @@ DRY_RUN ?= 0
 
 setup: $(STAMP)
 
-$(STAMP): $(REQS)
+$(STAMP): $(REQS) pyproject.toml
 	@echo ">> creating $(VENV) and installing pinned dependencies (first run only, ~3 min)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -5,6 +5,8 @@
     python -m pipelines.pretrain experiment=llama500m_slimpj_quality scale=tiny
     python -m pipelines.pretrain experiment=gpt345m_owt_quality scale=paper cluster=vista  # Slurm
     python -m pipelines.pretrain -m optimizer=adamw,adams,scape90,scape99                   # a sweep
+    python -m pipelines.pretrain -m hydra/launcher=local optimizer=adamw,adams  # via submitit
+    python -m pipelines.pretrain -m hydra/launcher=vista cluster=vista experiment=... optimizer=...
 
 A run lives in ``<output_root>/<experiment>/<model>-<optimizer>-seed<seed>/``: metrics.jsonl,
 checkpoints/, export/ (the final model for evaluation), summary.json, logs/ (one per rank).
@@ -14,6 +16,7 @@ Starting the same run again resumes from its newest valid checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -129,15 +132,27 @@ def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
-    """Validate, check the data, then train on local ranks or submit to Slurm."""
+    """Validate, check the data, then train: on local ranks, as one task of a Slurm job,
+    or by submitting to Slurm."""
     cfg = _to_config(cfg)
     run_dir = run_dir_of(cfg)
+    # Set by submitit inside its jobs: Hydra's submitit launcher (and our own Slurm jobs)
+    # call this function once per task, and each task is one rank.
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from pipelines.slurm import train_in_slurm_task
+
+        _check_data(cfg)
+        return train_in_slurm_task(cfg, run_dir)
     if cfg.cluster.launcher == "slurm":
         from pipelines.slurm import submit_pretrain
 
         return submit_pretrain(cfg, run_dir)
     _check_data(cfg)
-    return run_local(cfg, run_dir)
+    from pipelines.slots import run_slot
+
+    slots = Path(cfg.output_root) / ".slots"
+    with run_slot(slots, cfg.cluster.max_concurrent, on_wait=lambda m: print(m, file=sys.stderr)):
+        return run_local(cfg, run_dir)
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")

@@ -19,27 +19,54 @@ from typing import Any
 
 from pipelines.config import ConfigError, PretrainConfig
 
-__all__ = ["SlurmTrainJob", "slurm_parameters", "submit_pretrain", "submit_sweep"]
+__all__ = [
+    "SlurmTrainJob",
+    "slurm_parameters",
+    "submit_pretrain",
+    "submit_sweep",
+    "train_in_slurm_task",
+]
+
+
+def train_in_slurm_task(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
+    """Inside a Slurm job (ours or Hydra's submitit launcher): this task is one rank.
+
+    Joins the process group from Slurm's environment, claims the run directory on rank 0
+    and trains this rank; every task of the job runs this.
+    """
+    import torch.distributed as dist
+    from submitit.helpers import TorchDistributedEnvironment
+
+    from pipelines.pretrain import claim_run_dir
+    from pipelines.trainer import train_rank
+
+    # overwrite: a MASTER_PORT already in the environment is what the helper read anyway.
+    # All GPUs stay visible; the engine picks cuda:LOCAL_RANK.
+    env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if env.world_size != cfg.cluster.world_size:
+        raise ConfigError(
+            f"this Slurm job has {env.world_size} task(s) but cluster.nodes x cluster.ranks_per_node "
+            f"= {cfg.cluster.world_size}; pass cluster=vista (or matching cluster.* values) "
+            "together with hydra/launcher=vista"
+        )
+    dist.init_process_group(cfg.cluster.backend)
+    try:
+        if env.rank == 0:
+            claim_run_dir(cfg, run_dir)
+        dist.barrier()
+        return train_rank(env.rank, env.world_size, cfg, str(run_dir))
+    finally:
+        dist.destroy_process_group()
 
 
 class SlurmTrainJob:
-    """The callable each Slurm task runs: join the process group, train this rank.
+    """The callable each Slurm task of our own submissions runs.
 
     Having a ``checkpoint`` method is what makes submitit requeue it on preemption/timeout.
     """
 
     def __call__(self, cfg: PretrainConfig, run_dir: str) -> dict[str, Any]:
-        import torch.distributed as dist
-        from submitit.helpers import TorchDistributedEnvironment
-
-        from pipelines.trainer import train_rank
-
-        env = TorchDistributedEnvironment().export()
-        dist.init_process_group(cfg.cluster.backend)
-        try:
-            return train_rank(env.rank, env.world_size, cfg, run_dir)
-        finally:
-            dist.destroy_process_group()
+        return train_in_slurm_task(cfg, Path(run_dir))
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Requeue with the same arguments; training resumes from its newest checkpoint."""

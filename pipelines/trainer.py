@@ -31,17 +31,42 @@ from pipelines.tracking import RunLogger
 __all__ = ["train_rank"]
 
 
+def _preemption_signals() -> list[signal.Signals]:
+    # submitit asks for a checkpoint with USR2 (SUBMITIT_PREEMPT_SIGNAL overrides it);
+    # Slurm preemption sends TERM; USR1 is what a plain `#SBATCH --signal` script would use.
+    submitit_sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+    return list(dict.fromkeys([signal.SIGTERM, signal.SIGUSR1, submitit_sig]))
+
+
 class _Preemption:
-    """SIGTERM/SIGUSR1 (Slurm preemption, submitit timeout) -> checkpoint at the next step."""
+    """Preemption / time-limit signals -> checkpoint at the next step boundary.
+
+    The handlers installed before ours (submitit's requeue handler, inside a submitit job)
+    are kept and called by :meth:`hand_back` once the checkpoint is on disk, so submitit
+    requeues a job whose state is already saved instead of exiting mid-step.
+    """
 
     def __init__(self) -> None:
-        self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+        for sig in _preemption_signals():
             with contextlib.suppress(ValueError):  # not the main thread
-                signal.signal(sig, self._handle)
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self.received = signum
+
+    def hand_back(self) -> None:
+        """Restore the earlier handlers and pass the received signal on to its one."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        handler = self.previous.get(self.received)
+        if callable(handler):
+            handler(self.received, None)
 
 
 def _all_mean(value: float) -> float:
@@ -171,6 +196,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
     val_loss = None
     step = start_step
     run_start = time.perf_counter()
+    started_at = time.time()
     while step < t.train_steps:
         # Advance first: the scheduler sets the lr for its `num_steps`, so step 1 gets the
         # first warm-up lr rather than Megatron's lr_warmup_init of 0.
@@ -204,6 +230,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         if stop:
             logger.warn(f"preemption requested: checkpointed at step {step}, exiting for requeue")
             logger.finish()
+            preemption.hand_back()  # inside submitit: requeue now that the checkpoint exists
             return {"status": "preempted", "step": step}
     summary = {
         "status": "finished",
@@ -211,6 +238,8 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         "resumed_from": start_step,
         "final_val_loss": val_loss,
         "wall_clock_s_this_session": time.perf_counter() - run_start,
+        "session_started_at": started_at,  # unix time, for telling concurrent runs apart
+        "finished_at": time.time(),
         "config": asdict(cfg),
     }
     training.sync_params()  # collective: every rank, before rank 0 reads the params

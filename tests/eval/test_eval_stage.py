@@ -112,6 +112,21 @@ def test_command_line_reports_offline_task_in_one_line(export):
     assert "HF_DATASETS_OFFLINE=1" in lines[0] and "scape_lastword" in lines[0]
 
 
+def test_lm_eval_command_line_runs_our_model(export):
+    """The installed `scape-lm-eval` script: lm-eval's CLI, our model, a local task."""
+    script = Path(sys.executable).parent / "scape-lm-eval"
+    assert script.is_file(), "scape-lm-eval is not installed: run `make setup`"
+    proc = subprocess.run(
+        [str(script), "--model", "scape", "--model_args", f"path={export}", "--device", "cpu",
+         "--batch_size", "4", "--tasks", "scape_lastword", "--include_path", "eval/tasks",
+         "--limit", "4"],
+        cwd=REPO, env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "scape_lastword" in proc.stdout and "acc" in proc.stdout
+
+
 def _compose(overrides: list[str]) -> EvaluateConfig:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
