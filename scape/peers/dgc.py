@@ -1,0 +1,130 @@
+"""DGC-style top-k sparsification as a DDP comm hook (peer baseline).
+
+Our implementation from the published description of Deep Gradient Compression (Lin et
+al., ICLR 2018), not the authors' code. Per bucket and rank, with g this rank's local
+gradient (n,) fp32:
+
+    u = momentum * u + g             # momentum correction (skipped when momentum == 0)
+    v = v + u                        # local accumulation (v = v + g when momentum == 0)
+    I = top-k of |v|, k = ceil(density * n)  (scape.masks.num_selected)
+    all-gather (I as int32, v[I] in the wire dtype) from every rank
+    result = (sum over ranks r of scatter(I_r, v_r)) / W     # identical on every rank
+    v[I] -= wire(v[I]), u[I] = 0     # error feedback (v[I] = 0 on an fp32 wire), momentum masking
+
+The paper's warm-up density schedule, gradient clipping and sampling-based threshold
+estimation are left out: the density is a constant and top-k is exact (``torch.topk``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from scape.comm import GRAD_VALUES, MASKS, ByteCounter, ring_bytes_per_rank
+from scape.masks import num_selected
+from scape.peers.buckets import ParamBuffers, ddp_comm_hook
+from scape.shard import WIRE_DTYPES
+
+__all__ = ["DGCConfig", "DGCHook"]
+
+
+@dataclass(frozen=True)
+class DGCConfig:
+    density: float  # fraction of each bucket's entries each rank sends, (0, 1]
+    momentum: float = 0.9  # momentum correction factor; 0 disables momentum correction
+    value_dtype: str = "float32"  # dtype of the values on the wire: "float32" | "bfloat16"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.density, int | float) and 0.0 < self.density <= 1.0):
+            raise ValueError(f"DGCConfig.density must be in (0, 1], got {self.density!r}")
+        if not (isinstance(self.momentum, int | float) and 0.0 <= self.momentum < 1.0):
+            raise ValueError(f"DGCConfig.momentum must be in [0, 1), got {self.momentum!r}")
+        if self.value_dtype not in WIRE_DTYPES:
+            raise ValueError(
+                f"DGCConfig.value_dtype must be one of {sorted(WIRE_DTYPES)}, "
+                f"got {self.value_dtype!r}"
+            )
+
+
+class DGCHook:
+    """State and hook: ``ddp.register_comm_hook(h, DGCHook.hook)`` with ``h = DGCHook(cfg)``.
+
+    ``params`` (the DDP module's ``parameters()``, in order) is needed only to save and load
+    the state; the buffers follow parameters across DDP's bucket rebuilds either way.
+    """
+
+    def __init__(
+        self,
+        cfg: DGCConfig,
+        process_group: dist.ProcessGroup | None = None,
+        counter: ByteCounter | None = None,
+        *,
+        params: Iterable[Tensor] | None = None,
+    ):
+        self.cfg = cfg
+        self.process_group = process_group
+        self.counter = counter if counter is not None else ByteCounter()
+        names = ("u", "v") if cfg.momentum > 0 else ("v",)
+        self.buffers = ParamBuffers(names, params)
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.process_group)
+
+    @staticmethod
+    @ddp_comm_hook
+    def hook(state: DGCHook, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        grad = bucket.buffer()  # (n,) this rank's local gradient, DDP's flat bucket
+        bufs = state.buffers.get(bucket)
+        v, u = bufs["v"], bufs.get("u")  # (n,) fp32: accumulated-not-sent, corrected momentum
+        if u is not None:
+            u.mul_(state.cfg.momentum).add_(grad)
+            v.add_(u)
+        else:
+            v.add_(grad)
+        k = num_selected(v.numel(), state.cfg.density)
+        idx = torch.topk(v.abs(), k, sorted=False).indices  # (k,) int64, distinct
+        picked = v[idx]
+        wire = picked.to(WIRE_DTYPES[state.cfg.value_dtype])  # (k,)
+        # What the wire could not carry stays behind: exactly 0 in fp32, the rounding error
+        # in bf16, so sent + residual is always the accumulated input.
+        v[idx] = picked - wire.float()
+        if u is not None:
+            u[idx] = 0.0  # momentum factor masking
+
+        W, group = state.world_size, state.process_group
+        all_idx = torch.empty(W * k, dtype=torch.int32, device=v.device)
+        all_val = torch.empty(W * k, dtype=wire.dtype, device=v.device)
+        state.counter.add(MASKS, ring_bytes_per_rank(all_idx.numel() * 4, W))
+        state.counter.add(
+            GRAD_VALUES, ring_bytes_per_rank(all_val.numel() * wire.element_size(), W)
+        )
+        works = [
+            dist.all_gather_into_tensor(all_idx, idx.to(torch.int32), group=group, async_op=True),
+            dist.all_gather_into_tensor(all_val, wire, group=group, async_op=True),
+        ]
+
+        def average(fut: torch.futures.Future) -> Tensor:
+            for done in fut.value():
+                done.wait()  # re-raises a failed all-gather here rather than averaging garbage
+            out = torch.zeros(grad.numel(), dtype=torch.float32, device=grad.device)
+            # One scatter per rank, in rank order: a rank's indices are distinct, so no index
+            # is added twice within a call and the sum is the same on every rank (and device).
+            for r in range(W):
+                part = slice(r * k, (r + 1) * k)
+                out.index_add_(0, all_idx[part].long(), all_val[part].float())
+            grad.copy_(out.div_(W))
+            return grad
+
+        futs = [w.get_future() for w in works]
+        return torch.futures.collect_all(futs).then(average)
+
+    def state_dict(self) -> dict:
+        return {"buffers": self.buffers.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffers.load_state_dict(state["buffers"])
