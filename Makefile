@@ -12,7 +12,7 @@ SCALE   ?= tiny
 CLUSTER ?= local
 DRY_RUN ?= 0
 
-.PHONY: setup test lint bench-core prepare reproduce-table quality-study clean-venv
+.PHONY: setup test lint bench-core prepare reproduce-table quality-study peers-study clean-venv
 
 setup: $(STAMP)
 
@@ -51,7 +51,7 @@ bench-core: $(STAMP)
 # Performance (issue 6): bytes, optimizer overhead, emulated cluster (network namespaces:
 # run as root, else that part is skipped with a message), projection, README. ~15 min.
 # Writes results/bench/*.json and results/bench/README.md.
-.PHONY: bench bench-bytes bench-overhead bench-cluster bench-project bench-report
+.PHONY: bench bench-bytes bench-overhead bench-cluster bench-project bench-report bench-peers-cluster
 bench: $(STAMP)
 	$(PY) -m benchmarks.bytes
 	$(PY) -m benchmarks.overhead
@@ -68,6 +68,15 @@ bench-overhead: $(STAMP)
 bench-cluster: $(STAMP)
 	$(PY) -m benchmarks.cluster $(ARGS)
 
+# Issue 8: per-step wall time of the real pretrain stage (experiment=peers_gpt345m_owt,
+# scale=tiny) for every optimizer of the peers sweep, on the emulated cluster (root, else
+# skipped with a message). Writes results/peers/cluster.json. Defaults: 2 ranks, 1 Gbit/s,
+# 30 steps, 2 repeats (~30-40 s a run on 2 quiet cores; 9 methods x 2 repeats). ARGS e.g.
+# "--methods adams scape99 dgc99 --repeats 3".
+bench-peers-cluster: $(STAMP)
+	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false
+	$(PY) -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2 --out results/peers/cluster.json $(ARGS)
+
 bench-project: $(STAMP)
 	$(PY) -m benchmarks.projection $(ARGS)
 
@@ -82,6 +91,14 @@ QUALITY_DATA := data/enwiki_sample__bytebpe1k
 quality-study: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study $(if $(QUICK),quick=true) data_dir=$(QUALITY_DATA) $(ARGS)
+
+# Peers (issue 8): SCAPE vs PowerSGD (r1/2/4), DGC-style top-k (90/99%), 1-bit-Adam-style and
+# dense AdamS, 3 seeds each through the pretrain stage (~45 min on 2 cores; resumes). Writes
+# results/peers/; run `make bench-peers-cluster` first for the emulated-cluster time columns.
+# QUICK=1: AdamS and DGC-99, one seed, a few steps, into outputs/peers_quick/.
+peers-study: $(STAMP)
+	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false
+	$(PY) -m pipelines.peers_study $(if $(QUICK),quick=true output_root=outputs/peers_quick/runs out_dir=outputs/peers_quick) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

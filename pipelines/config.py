@@ -21,17 +21,24 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "ModelConfig",
+    "OneBitOptions",
     "OptimizerConfig",
+    "PowerSGDOptions",
+    "DGCOptions",
     "PretrainConfig",
     "ScapeOptions",
     "TrainConfig",
     "WandbConfig",
     "compose",
     "register_configs",
+    "sparsity_of",
     "validate",
 ]
 
-OPTIMIZERS = ("adamw", "adams", "scape")
+DENSE = ("adamw", "adams")
+PEERS = ("powersgd", "dgc", "onebit")  # issue 8: other ways of cutting communication
+OPTIMIZERS = (*DENSE, "scape", *PEERS)
+LOCAL_RULES = DENSE  # the update rule PowerSGD and DGC apply to the exchanged gradient
 FAMILIES = ("gpt", "llama")
 PRECISIONS = ("fp32", "bf16")
 LAUNCHERS = ("local", "slurm")
@@ -81,8 +88,37 @@ class ScapeOptions:
 
 
 @dataclass
+class PowerSGDOptions:
+    """PyTorch's PowerSGD DDP hook (scape.peers.powersgd); read when name=powersgd."""
+
+    rank: int = 1  # matrix_approximation_rank
+    start_iter: int = 2  # plain all-reduce before this iteration (torch's minimum with EF)
+    min_compression_rate: float = 2.0
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    local_rule: str = "adams"  # adams | adamw: the update applied to the decompressed gradient
+
+
+@dataclass
+class DGCOptions:
+    """DGC-style top-k of the accumulated gradient (scape.peers.dgc); read when name=dgc."""
+
+    sparsity: float = 0.99
+    momentum: float = 0.9  # momentum correction; 0 turns it off
+    value_dtype: str = "float32"
+    local_rule: str = "adams"
+
+
+@dataclass
+class OneBitOptions:
+    """1-bit-Adam-style sign compression (scape.peers.onebit); read when name=onebit."""
+
+    freeze_step: int = 50  # dense Adam steps, then frozen variance + 1-bit momentum
+
+
+@dataclass
 class OptimizerConfig:
-    name: str = MISSING  # adamw | adams | scape
+    name: str = MISSING  # adamw | adams | scape | powersgd | dgc | onebit
     label: str = MISSING  # how tables and plots name it, e.g. "SCAPE-99"
     lr: float = 6e-4
     min_lr: float = 6e-5
@@ -92,6 +128,9 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     clip_grad: float = 1.0
     scape: ScapeOptions = field(default_factory=ScapeOptions)  # only read when name=scape
+    powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
+    dgc: DGCOptions = field(default_factory=DGCOptions)
+    onebit: OneBitOptions = field(default_factory=OneBitOptions)
 
 
 @dataclass
@@ -162,6 +201,15 @@ class PretrainConfig:
     progress: bool = True
 
 
+def sparsity_of(o: OptimizerConfig) -> float:
+    """The fraction of entries a sparse method leaves unsent (0 for dense and low-rank/sign)."""
+    if o.name == "scape":
+        return float(o.scape.sparsity)
+    if o.name == "dgc":
+        return float(o.dgc.sparsity)
+    return 0.0
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
@@ -203,6 +251,8 @@ def validate(cfg: PretrainConfig) -> None:
             o.scape.to_scape_config()
         except ValueError as err:
             raise ConfigError(f"optimizer.scape: {err}") from err
+    if o.name in PEERS:
+        _validate_peer(cfg)
     if not 0 < o.min_lr <= o.lr:
         _fail("optimizer.min_lr", o.min_lr, f"must be in (0, optimizer.lr={o.lr}]")
     if t.precision not in PRECISIONS:
@@ -243,6 +293,45 @@ def validate(cfg: PretrainConfig) -> None:
         _fail("model.seq_length", m.seq_length, "must be >= 2")
 
 
+def _validate_peer(cfg: PretrainConfig) -> None:
+    o = cfg.optimizer
+    if cfg.train.precision != "fp32":
+        _fail(
+            "train.precision",
+            cfg.train.precision,
+            f"is not supported by optimizer.name={o.name} yet (the peers train fp32 models "
+            "through torch DDP); use train.precision=fp32",
+        )
+    if o.name == "powersgd":
+        if o.powersgd.rank < 1:
+            _fail("optimizer.powersgd.rank", o.powersgd.rank, "must be >= 1")
+        if o.powersgd.start_iter < 2:
+            _fail(
+                "optimizer.powersgd.start_iter",
+                o.powersgd.start_iter,
+                "must be >= 2 (torch's minimum)",
+            )
+        rule = ("optimizer.powersgd.local_rule", o.powersgd.local_rule)
+    elif o.name == "dgc":
+        if not 0.0 <= o.dgc.sparsity < 1.0:
+            _fail("optimizer.dgc.sparsity", o.dgc.sparsity, "must be in [0, 1) (0.99 = 1% sent)")
+        if not 0.0 <= o.dgc.momentum < 1.0:
+            _fail("optimizer.dgc.momentum", o.dgc.momentum, "must be in [0, 1)")
+        if o.dgc.value_dtype not in ("float32", "bfloat16"):
+            _fail("optimizer.dgc.value_dtype", o.dgc.value_dtype, "is not one of float32, bfloat16")
+        rule = ("optimizer.dgc.local_rule", o.dgc.local_rule)
+    else:
+        if not 1 <= o.onebit.freeze_step <= cfg.train.train_steps:
+            _fail(
+                "optimizer.onebit.freeze_step",
+                o.onebit.freeze_step,
+                f"must be in [1, train.train_steps={cfg.train.train_steps}]",
+            )
+        return
+    if rule[1] not in LOCAL_RULES:
+        _fail(rule[0], rule[1], f"is not one of {', '.join(LOCAL_RULES)}")
+
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
@@ -253,11 +342,20 @@ def compose(overrides: list[str] | None = None, config_name: str = "pretrain") -
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        raw = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+    # Callable from inside a running Hydra app (a study driving pretrain runs): set its
+    # global state aside and put it back afterwards.
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            raw = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+    finally:
+        restore_gh_from_backup(backup)
     cfg = OmegaConf.to_object(raw)
     validate(cfg)
     return cfg

@@ -29,6 +29,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.config import sparsity_of
 from pipelines.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["PAPER_CLAIMS", "TablesConfig", "collect_runs", "run"]
@@ -101,7 +102,7 @@ def collect_runs(root: Path, experiments: list[str]) -> list[RunSummary]:
         cfg = OmegaConf.load(config_path)
         eval_path = run_dir / "eval" / "results.json"
         evaluation = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
-        sparsity = float(cfg.optimizer.scape.sparsity) if cfg.optimizer.name == "scape" else 0.0
+        sparsity = sparsity_of(cfg.optimizer)
         runs.append(
             RunSummary(
                 experiment,

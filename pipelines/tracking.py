@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import PretrainConfig
+from pipelines.config import PretrainConfig, sparsity_of
 
 __all__ = ["METRICS_FILE", "RunLogger", "read_metrics", "run_name", "wandb_mode"]
 
@@ -82,7 +82,7 @@ class RunLogger:
         cfg = self.cfg
         # A stable id per run directory, so a resumed run continues the same W&B run.
         run_id = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
-        sparsity = cfg.optimizer.scape.sparsity if cfg.optimizer.name == "scape" else 0.0
+        sparsity = sparsity_of(cfg.optimizer)
         self._wandb = wandb.init(
             project=cfg.wandb.project,
             entity=cfg.wandb.entity,

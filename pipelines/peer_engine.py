@@ -1,0 +1,206 @@
+"""The training engine of one rank for the peer baselines (issue 8): PowerSGD, DGC, 1-bit Adam.
+
+Same Megatron-Core model, data, schedule and metrics as :mod:`pipelines.engine`, but the
+model is wrapped in PyTorch's ``DistributedDataParallel`` with a communication hook from
+:mod:`scape.peers` (PowerSGD is torch's own hook), and every rank holds a full replica of
+the optimizer: these methods replace the gradient all-reduce, so they do not combine with
+Megatron's ZeRO-1 reduce-scatter. The hook counts the bytes it sends, so the metrics carry
+bytes per step like the dense and SCAPE runs.
+
+PowerSGD and DGC apply ``optimizer.<method>.local_rule`` (AdamS by default: SCAPE's rule,
+so only the communication differs) to the gradient the hook returns; 1-bit Adam brings its
+own optimizer. Gradient clipping acts on that exchanged gradient (identical on every rank);
+after 1-bit Adam's freeze the exchanged tensor is the momentum, which is not clipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pipelines.config import PretrainConfig
+
+__all__ = ["PeerEngine", "build_peer_engine"]
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Megatron's rule: no weight decay on biases and 1-D (norm) parameters."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim == 1 or name.endswith(".bias") else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "wd_mult": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0},
+    ]
+
+
+def _build_hook(cfg: PretrainConfig, params: list[Tensor]):
+    from scape.peers import (
+        CountedPowerSGD,
+        DGCConfig,
+        DGCHook,
+        OneBitConfig,
+        OneBitHook,
+        PowerSGDConfig,
+    )
+
+    o = cfg.optimizer
+    if o.name == "powersgd":
+        p = o.powersgd
+        conf = PowerSGDConfig(
+            rank=p.rank, start_iter=p.start_iter, min_compression_rate=p.min_compression_rate,
+            use_error_feedback=p.use_error_feedback, warm_start=p.warm_start, seed=cfg.train.seed,
+        )  # fmt: skip
+        return CountedPowerSGD(conf, params=params)
+    if o.name == "dgc":
+        conf = DGCConfig(
+            density=round(1.0 - o.dgc.sparsity, 12),
+            momentum=o.dgc.momentum,
+            value_dtype=o.dgc.value_dtype,
+        )
+        return DGCHook(conf, params=params)
+    return OneBitHook(OneBitConfig(freeze_step=o.onebit.freeze_step, beta1=o.beta1), params=params)
+
+
+def _build_optimizer(cfg: PretrainConfig, model: torch.nn.Module, hook) -> torch.optim.Optimizer:
+    from scape.adams import AdamS
+    from scape.peers import OneBitAdam
+
+    o = cfg.optimizer
+    groups = _param_groups(model, o.weight_decay)
+    kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    if o.name == "onebit":
+        return OneBitAdam(groups, hook, **kwargs)
+    rule = o.powersgd.local_rule if o.name == "powersgd" else o.dgc.local_rule
+    if rule == "adamw":
+        return torch.optim.AdamW(groups, foreach=False, **kwargs)
+    return AdamS(groups, **kwargs)
+
+
+@dataclass
+class PeerStepResult:
+    loss: float
+    grad_norm: float | None
+    updated: bool
+    seconds: float
+
+
+@dataclass
+class PeerEngine:
+    cfg: PretrainConfig
+    ddp: Any  # torch.nn.parallel.DistributedDataParallel over the Megatron GPTModel
+    optimizer: torch.optim.Optimizer
+    hook: Any  # scape.peers hook state: .counter, .state_dict(), .load_state_dict()
+    data_dir: Path
+    device: torch.device
+    _bytes_seen: dict[str, float] = field(default_factory=dict)
+
+    is_scape = False
+
+    @property
+    def _clips(self) -> bool:
+        """1-bit Adam after its freeze exchanges momentum, which is not clipped."""
+        if self.cfg.optimizer.name != "onebit":
+            return True
+        return self.hook.step < self.hook.cfg.freeze_step
+
+    # ------------------------------------------------------------------ training
+    def step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> PeerStepResult:
+        from scape.megatron.train import forward_loss
+
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total, n = 0.0, len(micro_batches)
+        for i, (tokens, labels) in enumerate(micro_batches):
+            tokens, labels = tokens.to(self.device), labels.to(self.device)
+            # The hook (the communication) runs once, in the last micro-batch's backward.
+            sync = contextlib.nullcontext() if i == n - 1 else self.ddp.no_sync()
+            with sync:
+                loss = forward_loss(self.ddp, tokens, labels) / n
+                loss.backward()
+            total += loss.item()
+        params = [p for p in self.ddp.parameters() if p.grad is not None]
+        clip = self.cfg.optimizer.clip_grad if self._clips else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf))
+        updated = math.isfinite(norm)  # the same on every rank: the hook's result is shared
+        if updated:
+            self.optimizer.step()
+        elif self.cfg.optimizer.name == "onebit":
+            self.hook.step += 1  # keep the hook's phase in step with the schedule
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return PeerStepResult(total, norm, updated, time.perf_counter() - start)
+
+    def current_lr(self) -> float:
+        return float(max(g["lr"] for g in self.optimizer.param_groups))
+
+    def bytes_last_step(self) -> dict[str, float]:
+        now = self.hook.counter.snapshot()
+        delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
+        self._bytes_seen = now
+        return delta
+
+    def check_consistency(self, step: int) -> None:
+        """Every rank holds a full replica: their parameters must agree bit for bit."""
+        from scape.megatron.optimizer import ReplicaDivergence
+
+        bits = torch.stack(
+            [p.detach().view(torch.int32).to(torch.int64).sum() for p in self.ddp.parameters()]
+        ).sum()
+        everyone = [torch.zeros_like(bits) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, bits)
+        if any(not torch.equal(e, everyone[0]) for e in everyone):
+            raise ReplicaDivergence(
+                f"{self.cfg.optimizer.name} replicas diverged at step {step}: "
+                f"{[int(e) for e in everyone]}"
+            )
+
+    def sync_params(self) -> None:
+        """Parameters are always in sync (replicated optimizer): nothing to gather."""
+
+    # ------------------------------------------------------------------ state
+    def model_state_dict(self) -> dict[str, Tensor]:
+        return {
+            k: v.detach().cpu().clone()
+            for k, v in self.ddp.module.state_dict().items()
+            if v is not None
+        }
+
+    def load_model_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.ddp.module.load_state_dict(state, strict=False)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"peer": {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["peer"]["optimizer"])
+        self.hook.load_state_dict(state["peer"]["hook"])
+
+    def export(self, out_dir: Path, step: int) -> None:
+        from eval.export import export_model
+
+        export_model(self.ddp.module, self.cfg.model, self.data_dir, out_dir, step=step)
+
+
+def build_peer_engine(cfg: PretrainConfig, model: torch.nn.Module, data_dir: Path, device):
+    """Wrap ``model`` (same seed on every rank) in torch DDP with the method's hook."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        broadcast_buffers=False,
+    )
+    params = list(ddp.module.parameters())
+    hook = _build_hook(cfg, params)
+    ddp.register_comm_hook(hook, type(hook).hook)
+    optimizer = _build_optimizer(cfg, ddp.module, hook)
+    return PeerEngine(cfg, ddp, optimizer, hook, data_dir, device)
