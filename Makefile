@@ -71,7 +71,7 @@ bench-cluster: $(STAMP)
 # Issue 8: per-step wall time of the real pretrain stage (experiment=peers_gpt345m_owt,
 # scale=tiny) for every optimizer of the peers sweep, on the emulated cluster (root, else
 # skipped with a message). Writes results/peers/cluster.json. Defaults: 2 ranks, 1 Gbit/s,
-# 30 steps, 2 repeats (~30-40 s a run on 2 quiet cores; 9 methods x 2 repeats). ARGS e.g.
+# 30 steps, 2 repeats: 18 runs of ~30 s each (~10 min on 2 shared cores). ARGS e.g.
 # "--methods adams scape99 dgc99 --repeats 3".
 bench-peers-cluster: $(STAMP)
 	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false

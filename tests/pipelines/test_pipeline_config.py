@@ -113,3 +113,25 @@ def test_scape_options_expose_every_scape_config_field():
     config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
     assert options.pop("sparsity") == pytest.approx(1 - config.pop("density"))
     assert options == config
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["optimizer=dgc99", "optimizer.dgc.sparsity=1.0"], "optimizer.dgc.sparsity=1.0 must be in [0, 1)"),
+        (["optimizer=dgc90", "optimizer.dgc.local_rule=sgd"], "optimizer.dgc.local_rule='sgd' is not one of adamw, adams"),
+        (["optimizer=powersgd_r1", "optimizer.powersgd.rank=0"], "optimizer.powersgd.rank=0 must be >= 1"),
+        (["optimizer=powersgd_r2", "optimizer.powersgd.start_iter=1"], "must be >= 2"),
+        (["optimizer=onebit", "optimizer.onebit.freeze_step=500"], "must be in [1, train.train_steps=200]"),
+        (["optimizer=onebit", "train.precision=bf16"], "use train.precision=fp32"),
+    ],
+)  # fmt: skip
+def test_peer_options_are_checked_at_start_up(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    assert needle in str(err.value)
+
+
+def test_onebit_freezes_when_the_lr_warmup_ends():
+    assert compose(["optimizer=onebit"]).optimizer.onebit.freeze_step == 20
+    assert compose(["optimizer=onebit", "train.warmup_steps=7"]).optimizer.onebit.freeze_step == 7
