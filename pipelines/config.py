@@ -76,7 +76,7 @@ class ScapeOptions:
     threshold_sample_size: int = 16384
     mask_encoding: str = "auto"
     delay_mask: bool = True
-    error_feedback: bool = True
+    error_feedback: bool = False  # the quality study's pick
     off_mask_momentum: str = "freeze"
     dense_warmup_steps: int = 1
     value_dtype: str = "float32"

@@ -90,18 +90,37 @@ class _Progress:
             self.bar.close()
 
 
+OPTIMIZER_BLOCKS = ("scape", "powersgd", "dgc", "onebit")
+
+
+def _settings(node: Any) -> dict[str, Any]:
+    """What decides a run's numbers: the config less the progress bar and the option blocks
+    of optimizers the run does not use. A saved config from before an option was added gets
+    that option's default, so adding options elsewhere never orphans an existing run."""
+    merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), node)
+    settings = OmegaConf.to_container(merged, resolve=True)
+    settings.pop("progress")
+    optimizer = settings["optimizer"]
+    for block in OPTIMIZER_BLOCKS:
+        if optimizer["name"] != block:
+            optimizer.pop(block, None)
+    return settings
+
+
 def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
     """Write config.yaml, or check that an existing run directory holds this same run.
 
     Resuming (or calling finished) a run made with other settings would silently mix two
-    experiments; only the progress bar may differ.
+    experiments (see :func:`_settings` for what counts).
     """
     resolved = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     saved_path = run_dir / "config.yaml"
     if saved_path.is_file():
-        saved = OmegaConf.load(saved_path)
-        saved.progress = cfg.progress
-        if OmegaConf.to_yaml(saved) != resolved:
+        try:
+            same = _settings(OmegaConf.load(saved_path)) == _settings(OmegaConf.structured(cfg))
+        except Exception:  # a key this version no longer has, a wrong type: not this run
+            same = False
+        if not same:
             raise ConfigError(
                 f"{run_dir} holds a run with other settings (see its config.yaml); "
                 "set run_name=<new name> or output_root=<other dir>, or delete that directory"

@@ -48,7 +48,9 @@ class ScapeConfig:
         overlaps step t's compute (the paper's design). False computes the mask at step t
         after backward and exchanges it before the reduce-scatter (exposed latency); it
         only changes values when the statistic reads the residual.
-    error_feedback: keep unsent gradient entries in the buffer (inferred; False drops them).
+    error_feedback: keep unsent gradient entries in the buffer (inferred). Off by default:
+        in the quality study (results/quality/README.md) dropping them beat keeping them in
+        every |m|-mask comparison; with it on, the |m| mask locks onto the same entries.
     off_mask_momentum: what happens to m off the mask: ``freeze`` keeps it (inferred
         default), ``decay`` multiplies it by beta1 as if the gradient there were zero.
     dense_warmup_steps: the first steps exchange everything (at least one: m is zero
@@ -66,7 +68,7 @@ class ScapeConfig:
     threshold_sample_size: int = 16384
     mask_encoding: str = "auto"
     delay_mask: bool = True
-    error_feedback: bool = True
+    error_feedback: bool = False
     off_mask_momentum: str = "freeze"
     dense_warmup_steps: int = 1
     value_dtype: str = "float32"

@@ -86,7 +86,9 @@ def test_conservation_sent_plus_residuals_equals_all_gradients(value_dtype, stat
         W,
         method="scape",
         hparams=HP,
-        scape=ScapeConfig(density=0.1, statistic=statistic, value_dtype=value_dtype),
+        scape=ScapeConfig(
+            density=0.1, statistic=statistic, value_dtype=value_dtype, error_feedback=True
+        ),
     )
     produced = torch.zeros(sim.layout.total, dtype=torch.float64)
     sent = torch.zeros(sim.layout.total, dtype=torch.float64)
@@ -216,7 +218,12 @@ def test_conservation_holds_with_several_buckets():
     layout = FlatLayout.contiguous([p.numel() for p in model.parameters()], W, bucket_size=40)
     assert len(layout.buckets) > 2
     sim = Simulator(
-        model, W, method="scape", hparams=HP, scape=ScapeConfig(density=0.1), layout=layout
+        model,
+        W,
+        method="scape",
+        hparams=HP,
+        scape=ScapeConfig(density=0.1, error_feedback=True),
+        layout=layout,
     )
     produced = torch.zeros(layout.total, dtype=torch.float64)
     sent = torch.zeros(layout.total, dtype=torch.float64)
