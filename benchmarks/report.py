@@ -315,6 +315,20 @@ def projection_section(p: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def peers_section(peers_dir: Path) -> list[str]:
+    """The peers study's table (same model, data, ranks and schedule as one another)."""
+    table = peers_dir / "peers.md"
+    if not table.is_file():
+        return ["Not run yet: `make bench-peers-cluster`, then `make peers-study`."]
+    return [
+        "Whole pretrain-stage runs of `experiment=peers_gpt345m_owt scale=tiny` (tiny GPT, 2 gloo "
+        "ranks); step times from `make bench-peers-cluster`, losses and bytes from `make "
+        "peers-study`. Details and the figure: [results/peers/README.md](../peers/README.md).",
+        "",
+        *table.read_text().rstrip("\n").splitlines(),
+    ]
+
+
 def render(bench_dir: Path) -> str:
     b = _load(bench_dir / "bytes.json")
     c = _load(bench_dir / "cluster.json")
@@ -353,7 +367,8 @@ def render(bench_dir: Path) -> str:
     head = [
         "# Performance benchmarks (issue 6)",
         "",
-        f"Written by `make bench` on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "
+        f"Rendered by `make bench-report` (the last step of `make bench`) on "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC from the JSON files beside it; "
         f"{os.cpu_count()} shared CPU cores, {platform.python_version()}, torch {torch.__version__}, "
         f"no GPU{'' if not torch.cuda.is_available() else ' (GPU present)'}. Raw numbers: "
         "`bytes.json`, `cluster.json`, `overhead.json`, `projection.json` beside this file.",
@@ -383,6 +398,10 @@ def render(bench_dir: Path) -> str:
         "## 4. Projection to 32 GH200 nodes",
         "",
         *projection_section(p),
+        "",
+        "## 5. Peers: PowerSGD, DGC-style top-k, 1-bit-Adam-style (issue 8)",
+        "",
+        *peers_section(bench_dir.parent / "peers"),
         "",
         "## Findings and caveats",
         "",
