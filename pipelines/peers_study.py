@@ -2,6 +2,8 @@
 
     python -m pipelines.peers_study                    # tiny GPT, 9 methods x 3 seeds (~45 min here)
     python -m pipelines.peers_study quick=true         # 2 methods, 1 seed, a few steps (the test)
+    python -m pipelines.peers_study report_only=true   # the table and figure again (e.g. after
+                                                       # make bench-peers-cluster)
     make peers-study [QUICK=1]
 
 Every (method, seed) is one ordinary pretrain run of ``conf/experiment/peers_gpt345m_owt``
@@ -48,6 +50,7 @@ class PeersStudyConfig:
     cluster_json: str | None = None  # default: <out_dir>/cluster.json when it exists
     quick: bool = False
     progress: bool = True
+    report_only: bool = False  # rewrite the table and figure from finished runs, train nothing
 
 
 @dataclass
@@ -210,7 +213,7 @@ def run(cfg: PeersStudyConfig | DictConfig) -> list[MethodResult]:
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
     runs = _run_configs(cfg)
-    for i, (method, seed, run_cfg) in enumerate(runs, 1):
+    for i, (method, seed, run_cfg) in enumerate([] if cfg.report_only else runs, 1):
         print(f"[{i}/{len(runs)}] {run_cfg.optimizer.label} seed {seed}", flush=True)
         result = pretrain(run_cfg)
         if result.get("status") not in ("finished", "already finished"):
