@@ -114,6 +114,7 @@ class OneBitOptions:
     """1-bit-Adam-style sign compression (scape.peers.onebit); read when name=onebit."""
 
     freeze_step: int = 50  # dense Adam steps, then frozen variance + 1-bit momentum
+    mask_unseen: bool = True  # no update where the frozen variance is 0 (DeepSpeed's exp_avg_mask)
 
 
 @dataclass

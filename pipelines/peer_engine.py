@@ -78,7 +78,7 @@ def _build_optimizer(cfg: PretrainConfig, model: torch.nn.Module, hook) -> torch
     groups = _param_groups(model, o.weight_decay)
     kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     if o.name == "onebit":
-        return OneBitAdam(groups, hook, **kwargs)
+        return OneBitAdam(groups, hook, mask_unseen=o.onebit.mask_unseen, **kwargs)
     rule = o.powersgd.local_rule if o.name == "powersgd" else o.dgc.local_rule
     if rule == "adamw":
         return torch.optim.AdamW(groups, foreach=False, **kwargs)

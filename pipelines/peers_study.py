@@ -17,6 +17,7 @@ Step times on the emulated 1 Gbit/s cluster come from ``make bench-peers-cluster
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class MethodResult:
     bytes_per_step: float  # per rank, mean over the run (warm-up phases included)
     curve: list[tuple[float, float]]  # (cumulative bytes per rank, seed-mean val loss)
     eval_steps: list[int]
+    diverged: int = 0  # seeds whose final validation loss is not finite (left out of the means)
     step_time_s: float | None = None  # median on the emulated cluster
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
@@ -88,18 +90,22 @@ def _run_configs(cfg: PeersStudyConfig) -> list[tuple[str, int, Any]]:
 
 def summarize_method(method: str, label: str, runs: list[list[dict[str, Any]]]) -> MethodResult:
     """Seed statistics of one method from its runs' metrics records."""
-    finals, per_step, curves = [], [], []
+    finals, per_step, curves, diverged = [], [], [], 0
     for records in runs:
-        finals.append(next(r["val_loss"] for r in reversed(records) if "val_loss" in r))
         totals = [sum(r["bytes"].values()) for r in records]
         per_step.append(sum(totals) / len(totals))
+        final = next(r["val_loss"] for r in reversed(records) if "val_loss" in r)
+        if not math.isfinite(final):
+            diverged += 1
+            continue
+        finals.append(final)
         cumulative, curve = 0.0, {}
         for r, sent in zip(records, totals, strict=True):
             cumulative += sent
             if "val_loss" in r:
                 curve[int(r["step"])] = (cumulative, float(r["val_loss"]))
         curves.append(curve)
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     mean_curve = [
         (statistics.fmean(c[s][0] for c in curves), statistics.fmean(c[s][1] for c in curves))
         for s in steps
@@ -108,11 +114,12 @@ def summarize_method(method: str, label: str, runs: list[list[dict[str, Any]]]) 
         method=method,
         label=label,
         seeds=len(runs),
-        final_val_loss=statistics.fmean(finals),
+        final_val_loss=statistics.fmean(finals) if finals else math.nan,
         final_val_loss_std=statistics.stdev(finals) if len(finals) > 1 else 0.0,
         bytes_per_step=statistics.fmean(per_step),
         curve=mean_curve,
         eval_steps=steps,
+        diverged=diverged,
     )
 
 
@@ -138,15 +145,21 @@ def _table(results: list[MethodResult], cluster: dict[str, Any] | None) -> str:
     lines = [head, "|" + "---|" * 8]
     for r in results:
         gap = 100.0 * (r.final_val_loss / ref.final_val_loss - 1.0)
+        gap_text = f"{gap:+.2f}%" if math.isfinite(gap) else "-"
         step_ms = f"{1000 * r.step_time_s:.0f}" if r.step_time_s is not None else "not measured"
         steps = str(r.steps_to_target) if r.steps_to_target is not None else "never"
         if r.time_to_target_s is not None:
             tt = f"{r.time_to_target_s:.1f}"
         else:
             tt = "never" if r.steps_to_target is None else "not measured"
+        loss = f"{r.final_val_loss:.3f} ± {r.final_val_loss_std:.3f} ({r.seeds - r.diverged})"
+        if r.diverged:
+            loss = f"diverged in {r.diverged} of {r.seeds} seeds" + (
+                f"; others {loss}" if r.diverged < r.seeds else ""
+            )
         lines.append(
-            f"| {r.label} | {r.final_val_loss:.3f} ± {r.final_val_loss_std:.3f} ({r.seeds}) "
-            f"| {gap:+.2f}% | {r.bytes_per_step / 1e3:,.1f} "
+            f"| {r.label} | {loss} "
+            f"| {gap_text} | {r.bytes_per_step / 1e3:,.1f} "
             f"| {ref.bytes_per_step / r.bytes_per_step:.1f} | {step_ms} | {steps} | {tt} |"
         )
     return "\n".join(lines)

@@ -259,6 +259,8 @@ class OneBitAdam(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        *,
+        mask_unseen: bool = True,
     ):
         if lr < 0.0:
             raise ValueError(f"lr must be >= 0, got {lr}")
@@ -277,6 +279,7 @@ class OneBitAdam(torch.optim.Optimizer):
                     f"betas[0]={group['betas'][0]} differs from the hook's beta1={hook.cfg.beta1}"
                 )
         self.hook = hook
+        self.mask_unseen = mask_unseen
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -308,6 +311,13 @@ class OneBitAdam(torch.optim.Optimizer):
                     if state["step"] == 0:
                         raise RuntimeError("a parameter got its first gradient after the freeze")
                     momentum, step_size = p.grad, lr
+                    if self.mask_unseen:
+                        # Sign compression gives every entry the chunk's scale; where the
+                        # frozen variance is 0 (e.g. embedding rows of tokens not seen in
+                        # the warm-up) that step would be scale/eps. DeepSpeed's 1-bit Adam
+                        # masks such rows with `exp_avg_mask`; we mask every entry whose
+                        # variance is exactly 0.
+                        momentum = momentum * (exp_avg_sq > 0)
                 bias_correction2 = 1.0 - beta2 ** state["step"]
                 denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
                 p.addcdiv_(momentum, denom, value=-step_size)

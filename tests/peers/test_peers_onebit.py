@@ -154,6 +154,26 @@ def test_after_freeze_variance_is_frozen_and_grad_is_the_momentum():
     assert hook.step == 4
 
 
+@pytest.mark.parametrize("mask_unseen", [True, False])
+def test_entries_never_seen_in_the_warmup_do_not_move_after_the_freeze(mask_unseen):
+    """A row with no gradient before the freeze has variance 0: its +-scale momentum would
+    move it by lr * scale / eps. Masked (the default), it does not move."""
+    p = torch.ones(2, 4)
+    hook = OneBitHook(OneBitConfig(freeze_step=1))
+    opt = OneBitAdam([p], hook, lr=1e-3, eps=1e-8, mask_unseen=mask_unseen)
+    p.grad = torch.tensor([[0.5, -0.5, 0.25, 1.0], [0.0, 0.0, 0.0, 0.0]])  # row 1 unseen
+    opt.step()
+    row1 = p[1].clone()
+    p.grad = torch.full((2, 4), 0.3)  # after the freeze: the (decompressed) momentum
+    opt.step()
+    moved = (p[1] - row1).abs().max().item()
+    if mask_unseen:
+        assert moved == 0.0
+    else:
+        assert moved > 1e3  # lr * 0.3 / eps
+    assert (p[0] != 1.0).all()
+
+
 def test_optimizer_and_config_reject_bad_values():
     p = torch.zeros(2, requires_grad=True)
     with pytest.raises(ValueError, match="beta1"):

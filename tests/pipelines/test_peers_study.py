@@ -40,6 +40,24 @@ def test_seed_mean_spread_and_bytes_curve():
     assert r.eval_steps == [2, 4] and r.curve == [(200.0, 5.5), (400.0, 4.5)]
 
 
+def test_a_diverged_seed_is_counted_and_left_out_of_the_mean():
+    nan = float("nan")
+    runs = [_records({2: 5.0, 4: 4.0}, 10.0, 4), _records({2: 9.0, 4: nan}, 10.0, 4)]
+    r = summarize_method("onebit", "1-bit-Adam", runs)
+    assert (r.seeds, r.diverged, r.final_val_loss, r.curve) == (
+        2,
+        1,
+        4.0,
+        [(20.0, 5.0), (40.0, 4.0)],
+    )
+    all_nan = summarize_method("onebit", "1-bit-Adam", [_records({4: nan}, 10.0, 4)])
+    assert (
+        all_nan.diverged == 1
+        and all_nan.curve == []
+        and all_nan.final_val_loss != all_nan.final_val_loss
+    )
+
+
 def test_time_to_target_uses_the_cluster_step_time_or_says_never():
     ref = summarize_method("adams", "AdamS", [_records({2: 5.0, 4: 4.0}, 1000.0, 4)])
     fast = summarize_method("scape99", "SCAPE-99", [_records({2: 3.9, 4: 3.5}, 10.0, 4)])
