@@ -10,8 +10,9 @@ Every (method, seed) is one ordinary pretrain run of ``conf/experiment/peers_gpt
 (same model, data, batch, ranks and schedule; finished runs are skipped, so the study
 resumes), then :func:`report` writes ``<out_dir>/``: README.md (the table), peers.csv,
 peers.json and ``loss_vs_bytes.png`` (validation loss against cumulative bytes sent per rank).
-Step times on the emulated 1 Gbit/s cluster come from ``make bench-peers-cluster``
-(``<out_dir>/cluster.json``); without that file the time columns say so.
+Step times on the emulated cluster come from ``make bench-peers-cluster`` (1 Gbit/s:
+``<out_dir>/cluster.json``; 100 Mbit/s, communication-bound at this model size:
+``cluster_100mbit.json``); without those files the time columns say "not measured".
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ class PeersStudyConfig:
     overrides: list[str] = field(default_factory=lambda: ["train.eval_interval=20"])
     output_root: str = "runs/peers"
     out_dir: str = "results/peers"
-    cluster_json: str | None = None  # default: <out_dir>/cluster.json when it exists
+    # Emulated-cluster results (make bench-peers-cluster), one pair of time columns each;
+    # relative to out_dir, missing files skipped.
+    cluster_jsons: list[str] = field(
+        default_factory=lambda: ["cluster.json", "cluster_100mbit.json"]
+    )
     quick: bool = False
     progress: bool = True
     report_only: bool = False  # rewrite the table and figure from finished runs, train nothing
@@ -65,8 +70,8 @@ class MethodResult:
     curve: list[tuple[float, float]]  # (cumulative bytes per rank, seed-mean val loss)
     eval_steps: list[int]
     diverged: int = 0  # seeds whose final validation loss is not finite (left out of the means)
-    step_time_s: float | None = None  # median on the emulated cluster
-    time_to_target_s: float | None = None
+    step_time_s: dict[str, float] = field(default_factory=dict)  # link -> median step time
+    time_to_target_s: dict[str, float] = field(default_factory=dict)  # link -> seconds
     steps_to_target: int | None = None
 
 
@@ -123,35 +128,49 @@ def summarize_method(method: str, label: str, runs: list[list[dict[str, Any]]]) 
     )
 
 
-def _attach_times(results: list[MethodResult], cluster: dict[str, Any] | None) -> None:
-    """Steps to reach dense AdamS's final loss (seed means), and that time on the cluster."""
+def _link(cluster: dict[str, Any]) -> str:
+    return cluster.get("link", {}).get("label") or "emulated cluster"
+
+
+def _attach_times(results: list[MethodResult], clusters: list[dict[str, Any]]) -> None:
+    """Steps to reach dense AdamS's final loss (seed means), and that time on each cluster."""
     target = next(r for r in results if r.method == REFERENCE).final_val_loss
-    step_times = {m: v.get("step_time_s") for m, v in (cluster or {}).get("methods", {}).items()}
     for r in results:
-        r.step_time_s = step_times.get(r.method)
         reached = [s for s, (_, loss) in zip(r.eval_steps, r.curve, strict=True) if loss <= target]
         r.steps_to_target = reached[0] if reached else None
-        if r.steps_to_target is not None and r.step_time_s is not None:
-            r.time_to_target_s = r.steps_to_target * r.step_time_s
+        for cluster in clusters:
+            step_time = cluster.get("methods", {}).get(r.method, {}).get("step_time_s")
+            if step_time is None:
+                continue
+            r.step_time_s[_link(cluster)] = step_time
+            if r.steps_to_target is not None:
+                r.time_to_target_s[_link(cluster)] = r.steps_to_target * step_time
 
 
-def _table(results: list[MethodResult], cluster: dict[str, Any] | None) -> str:
+def _table(results: list[MethodResult], links: list[str]) -> str:
     ref = next(r for r in results if r.method == REFERENCE)
-    link = (cluster or {}).get("link", {}).get("label", "emulated cluster")
+    links = links or ["emulated cluster"]
     head = (
-        f"| method | final val loss (mean ± sd, n) | vs AdamS | kB/rank/step | AdamS bytes / this "
-        f"| step time, {link} (ms) | steps to AdamS's loss | time to AdamS's loss (s) |"
+        "| method | final val loss (mean ± sd, n) | vs AdamS | kB/rank/step | AdamS bytes / this |"
+        + "".join(f" step time, {link} (ms) |" for link in links)
+        + " steps to AdamS's loss |"
+        + "".join(f" time to AdamS's loss, {link} (s) |" for link in links)
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * (6 + 2 * len(links))]
     for r in results:
         gap = 100.0 * (r.final_val_loss / ref.final_val_loss - 1.0)
         gap_text = f"{gap:+.2f}%" if math.isfinite(gap) else "-"
-        step_ms = f"{1000 * r.step_time_s:.0f}" if r.step_time_s is not None else "not measured"
+        step_ms = [
+            f"{1000 * r.step_time_s[k]:.0f}" if k in r.step_time_s else "not measured"
+            for k in links
+        ]
         steps = str(r.steps_to_target) if r.steps_to_target is not None else "never"
-        if r.time_to_target_s is not None:
-            tt = f"{r.time_to_target_s:.1f}"
-        else:
-            tt = "never" if r.steps_to_target is None else "not measured"
+        tt = [
+            f"{r.time_to_target_s[k]:.1f}"
+            if k in r.time_to_target_s
+            else ("never" if r.steps_to_target is None else "not measured")
+            for k in links
+        ]
         loss = f"{r.final_val_loss:.3f} ± {r.final_val_loss_std:.3f} ({r.seeds - r.diverged})"
         if r.diverged:
             loss = f"diverged in {r.diverged} of {r.seeds} seeds" + (
@@ -160,7 +179,8 @@ def _table(results: list[MethodResult], cluster: dict[str, Any] | None) -> str:
         lines.append(
             f"| {r.label} | {loss} "
             f"| {gap_text} | {r.bytes_per_step / 1e3:,.1f} "
-            f"| {ref.bytes_per_step / r.bytes_per_step:.1f} | {step_ms} | {steps} | {tt} |"
+            f"| {ref.bytes_per_step / r.bytes_per_step:.1f} | {' | '.join(step_ms)} | {steps} "
+            f"| {' | '.join(tt)} |"
         )
     return "\n".join(lines)
 
@@ -187,7 +207,7 @@ def _plot(results: list[MethodResult], path: Path) -> None:
 
 
 def report(
-    runs: list[tuple[str, int, Any]], out_dir: Path, cluster_json: Path | None, command: str
+    runs: list[tuple[str, int, Any]], out_dir: Path, cluster_jsons: list[Path], command: str
 ) -> list[MethodResult]:
     """Write the table, CSV, JSON and figure for finished runs; returns the rows."""
     from pipelines.pretrain import run_dir_of
@@ -198,23 +218,21 @@ def report(
         by_method.setdefault(method, []).append(read_metrics(run_dir_of(cfg) / METRICS_FILE))
         labels[method] = cfg.optimizer.label
     results = [summarize_method(m, labels[m], rs) for m, rs in by_method.items()]
-    cluster = (
-        json.loads(cluster_json.read_text()) if cluster_json and cluster_json.is_file() else None
-    )
-    _attach_times(results, cluster)
+    clusters = [json.loads(p.read_text()) for p in cluster_jsons if p.is_file()]
+    _attach_times(results, clusters)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = _table(results, cluster)
+    table = _table(results, [_link(c) for c in clusters])
     (out_dir / "peers.md").write_text(table + "\n")
     (out_dir / "peers.json").write_text(
         json.dumps({"command": command, "results": [vars(r) for r in results]}, indent=1)
     )
     with open(out_dir / "peers.csv", "w") as f:
-        f.write("method,label,seeds,final_val_loss,sd,bytes_per_step,step_time_s,steps_to_target,time_to_target_s\n")  # fmt: skip
+        f.write("method,label,seeds,diverged,final_val_loss,sd,bytes_per_step,steps_to_target,step_time_s,time_to_target_s\n")  # fmt: skip
         for r in results:
             f.write(
-                f"{r.method},{r.label},{r.seeds},{r.final_val_loss:.5f},{r.final_val_loss_std:.5f},"
-                f"{r.bytes_per_step:.0f},{r.step_time_s or ''},{r.steps_to_target or ''},"
-                f"{r.time_to_target_s or ''}\n"
+                f"{r.method},{r.label},{r.seeds},{r.diverged},{r.final_val_loss:.5f},"
+                f"{r.final_val_loss_std:.5f},{r.bytes_per_step:.0f},{r.steps_to_target or ''},"
+                f'"{json.dumps(r.step_time_s)}","{json.dumps(r.time_to_target_s)}"\n'
             )
     _plot(results, out_dir / "loss_vs_bytes.png")
     return results
@@ -232,9 +250,8 @@ def run(cfg: PeersStudyConfig | DictConfig) -> list[MethodResult]:
         if result.get("status") not in ("finished", "already finished"):
             raise RuntimeError(f"{method} seed {seed} did not finish: {result}")
     out_dir = Path(cfg.out_dir)
-    cluster_json = Path(cfg.cluster_json) if cfg.cluster_json else out_dir / "cluster.json"
     command = "python -m pipelines.peers_study " + " ".join(sys.argv[1:])
-    results = report(runs, out_dir, cluster_json, command.strip())
+    results = report(runs, out_dir, [out_dir / p for p in cfg.cluster_jsons], command.strip())
     print((out_dir / "peers.md").read_text())
     print(f"written: {out_dir}/peers.md, peers.csv, peers.json, loss_vs_bytes.png")
     return results

@@ -10,6 +10,7 @@ import pytest
 from pipelines.peers_study import (
     PeersStudyConfig,
     _attach_times,
+    _table,
     run,
     summarize_method,
 )
@@ -62,11 +63,15 @@ def test_time_to_target_uses_the_cluster_step_time_or_says_never():
     ref = summarize_method("adams", "AdamS", [_records({2: 5.0, 4: 4.0}, 1000.0, 4)])
     fast = summarize_method("scape99", "SCAPE-99", [_records({2: 3.9, 4: 3.5}, 10.0, 4)])
     slow = summarize_method("dgc99", "DGC-99", [_records({2: 6.0, 4: 4.5}, 10.0, 4)])
-    cluster = {"methods": {"adams": {"step_time_s": 0.5}, "scape99": {"step_time_s": 0.1}}}
-    _attach_times([ref, fast, slow], cluster)
-    assert (ref.steps_to_target, ref.time_to_target_s) == (4, 2.0)
-    assert (fast.steps_to_target, fast.time_to_target_s) == (2, pytest.approx(0.2))
-    assert slow.steps_to_target is None and slow.time_to_target_s is None
+    cluster = {
+        "link": {"label": "1gbit"},
+        "methods": {"adams": {"step_time_s": 0.5}, "scape99": {"step_time_s": 0.1}},
+    }
+    _attach_times([ref, fast, slow], [cluster])
+    assert (ref.steps_to_target, ref.time_to_target_s) == (4, {"1gbit": 2.0})
+    assert fast.steps_to_target == 2 and fast.time_to_target_s["1gbit"] == pytest.approx(0.2)
+    assert slow.steps_to_target is None and slow.time_to_target_s == {}
+    assert "never" in _table([ref, fast, slow], ["1gbit"]).splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
