@@ -91,15 +91,25 @@ class _Progress:
 
 
 OPTIMIZER_BLOCKS = ("scape", "powersgd", "dgc", "onebit")
+# Bookkeeping that never changes a run's numbers (resumption is exact whatever the interval).
+BOOKKEEPING = (
+    "log_interval",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "consistency_check_interval",
+)
 
 
 def _settings(node: Any) -> dict[str, Any]:
-    """What decides a run's numbers: the config less the progress bar and the option blocks
-    of optimizers the run does not use. A saved config from before an option was added gets
+    """What decides a run's numbers: the config less the progress bar, W&B, checkpoint and
+    logging intervals, and the option blocks of optimizers the run does not use. A saved config from before an option was added gets
     that option's default, so adding options elsewhere never orphans an existing run."""
     merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), node)
     settings = OmegaConf.to_container(merged, resolve=True)
-    settings.pop("progress")
+    for key in ("progress", "wandb"):
+        settings.pop(key)
+    for key in BOOKKEEPING:
+        settings["train"].pop(key)
     optimizer = settings["optimizer"]
     for block in OPTIMIZER_BLOCKS:
         if optimizer["name"] != block:
