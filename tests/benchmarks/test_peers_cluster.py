@@ -90,7 +90,7 @@ def test_writes_skip_record(monkeypatch, tmp_path, capsys):
     assert "SKIPPED: not root: test" in capsys.readouterr().out
 
 
-def test_loopback_run_adams_vs_dgc99(tmp_path, capsys):
+def test_loopback_run_adams_vs_dgc99(tmp_path, capsys, prepared_default):
     """The real pretrain stage, 2 gloo ranks on 127.0.0.1, 4 steps of each method."""
     out = tmp_path / "cluster.json"
     argv = ["--loopback", "--methods", "adams", "dgc99", "--steps", "4", "--warmup-steps", "1",

@@ -22,16 +22,6 @@ TINY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def prepared_default():
-    subprocess.run(
-        [sys.executable, "-m", "pipelines.prepare", "progress=false"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-
-
 def test_run_slot_makes_the_second_run_wait(tmp_path):
     entered = threading.Event()
 

@@ -1,8 +1,6 @@
 """Each peer baseline through the pretrain stage on 2 gloo ranks: replicas stay identical
 (checked every step), the loss falls, and each method's bytes per step match its formula."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,16 +10,6 @@ from pipelines.pretrain import run, run_dir_of
 from pipelines.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def prepared_default():
-    subprocess.run(
-        [sys.executable, "-m", "pipelines.prepare", "progress=false"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
 
 
 def _params(cfg) -> int:

@@ -1,8 +1,6 @@
 """The peers study: seed statistics, time to target, and a quick real run through pretrain."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,16 +70,6 @@ def test_time_to_target_uses_the_cluster_step_time_or_says_never():
     assert fast.steps_to_target == 2 and fast.time_to_target_s["1gbit"] == pytest.approx(0.2)
     assert slow.steps_to_target is None and slow.time_to_target_s == {}
     assert "never" in _table([ref, fast, slow], ["1gbit"]).splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def prepared_default():
-    subprocess.run(
-        [sys.executable, "-m", "pipelines.prepare", "progress=false"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
 
 
 def test_quick_study_runs_both_methods_through_pretrain(tmp_path, prepared_default, monkeypatch):

@@ -33,17 +33,6 @@ def _run_dir(output_root: Path, label: str) -> Path:
     return output_root / "default" / f"tiny_gpt-{label}-seed1234"
 
 
-@pytest.fixture(scope="module")
-def prepared_default():
-    """The offline default corpus (prepared once; the stage is idempotent)."""
-    subprocess.run(
-        [sys.executable, "-m", "pipelines.prepare", "progress=false"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.mark.parametrize("optimizer, label", [("scape99", "SCAPE-99")])
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(
     tmp_path, prepared_default, optimizer, label
