@@ -21,7 +21,7 @@ from data_prep.tokenizers import check_model_vocab
 from pipelines.config import PEERS, PretrainConfig
 from scape.comm import GRAD_VALUES, PARAM_VALUES, ring_bytes_per_rank
 
-__all__ = ["Engine", "build_engine", "model_shape"]
+__all__ = ["Engine", "EngineCommon", "build_engine", "check_replicas", "model_shape"]
 
 
 def model_shape(cfg: PretrainConfig):
@@ -38,8 +38,55 @@ def _inner_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def check_replicas(checksum: torch.Tensor, what: str, step: int) -> None:
+    """All-gather this rank's parameter checksum; raise if any rank's differs."""
+    from scape.megatron.optimizer import ReplicaDivergence
+
+    everyone = [torch.zeros_like(checksum) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, checksum)
+    if any(not torch.equal(e, everyone[0]) for e in everyone):
+        raise ReplicaDivergence(
+            f"{what} replicas diverged at step {step}: {[e.tolist() for e in everyone]}"
+        )
+
+
+class EngineCommon:
+    """What every engine does the same way: the model's state, export, lr, byte deltas.
+
+    Expects ``cfg``, ``ddp`` (whose ``module`` is the GPTModel), ``optimizer``, ``data_dir``
+    and ``_bytes_seen`` on the instance.
+    """
+
+    def current_lr(self) -> float:
+        groups = self.optimizer.param_groups
+        return float(max(g["lr"] / g.get("lr_mult", 1.0) for g in groups))
+
+    def _counter_delta(self, counter) -> dict[str, float]:
+        """Bytes a ``ByteCounter`` gained since the last call."""
+        now = counter.snapshot()
+        delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
+        self._bytes_seen = now
+        return delta
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            k: v.detach().cpu().clone()
+            for k, v in self.ddp.module.state_dict().items()
+            if v is not None
+        }
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.ddp.module.load_state_dict(state, strict=False)
+
+    def export(self, out_dir: Path, step: int) -> None:
+        """Rank 0 only, after every rank has called :meth:`sync_params` (a collective)."""
+        from eval.export import export_model
+
+        export_model(self.ddp.module, self.cfg.model, self.data_dir, out_dir, step=step)
+
+
 @dataclass
-class Engine:
+class Engine(EngineCommon):
     cfg: PretrainConfig
     ddp: Any
     optimizer: Any
@@ -57,17 +104,10 @@ class Engine:
 
         return train_step(self.ddp, self.optimizer, micro_batches)
 
-    def current_lr(self) -> float:
-        groups = self.optimizer.param_groups
-        return float(max(g["lr"] / g.get("lr_mult", 1.0) for g in groups))
-
     def bytes_last_step(self) -> dict[str, float]:
         """Bytes this rank sent in the last step, by kind of traffic (ring accounting)."""
         if self.is_scape:
-            now = self.optimizer.scape.comm.counter.snapshot()
-            delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
-            self._bytes_seen = now
-            return delta
+            return self._counter_delta(self.optimizer.scape.comm.counter)
         # Dense ZeRO-1: one reduce-scatter of the grad buffer, one all-gather of the params.
         world = dist.get_world_size()
         grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in self.ddp.buffers)
@@ -81,8 +121,6 @@ class Engine:
         if self.is_scape:
             self.optimizer.check_consistency()
             return
-        from scape.megatron.optimizer import ReplicaDivergence
-
         self.sync_params()
         bits = torch.cat(
             [
@@ -93,12 +131,7 @@ class Engine:
                 for b in self.ddp.buffers
             ]
         )
-        everyone = [torch.zeros_like(bits) for _ in range(dist.get_world_size())]
-        dist.all_gather(everyone, bits)
-        if any(not torch.equal(e, everyone[0]) for e in everyone):
-            raise ReplicaDivergence(
-                f"dense replicas diverged at step {step}: {[e.tolist() for e in everyone]}"
-            )
+        check_replicas(bits, "dense", step)
 
     def sync_params(self) -> None:
         from scape.megatron.train import sync_params
@@ -106,16 +139,6 @@ class Engine:
         sync_params(self.ddp)
 
     # ------------------------------------------------------------------ state
-    def model_state_dict(self) -> dict[str, torch.Tensor]:
-        return {
-            k: v.detach().cpu().clone()
-            for k, v in self.ddp.module.state_dict().items()
-            if v is not None
-        }
-
-    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.ddp.module.load_state_dict(state, strict=False)
-
     def optimizer_state(self) -> dict[str, Any]:
         if self.is_scape:
             from scape.megatron.checkpoint import scape_state_dict
@@ -142,12 +165,6 @@ class Engine:
                 for p, saved in zip(mains, shard["main_params"], strict=True):
                     p.copy_(saved)
             opt._copy_main_params_to_model_params()
-
-    def export(self, out_dir: Path, step: int) -> None:
-        """Rank 0 only, after every rank has called :meth:`sync_params` (a collective)."""
-        from eval.export import export_model
-
-        export_model(self.ddp.module, self.cfg.model, self.data_dir, out_dir, step=step)
 
 
 def build_engine(cfg: PretrainConfig, world_size: int):

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from pipelines.config import PretrainConfig
+from pipelines.engine import EngineCommon, check_replicas
+from scape.megatron.train import StepResult
 
 __all__ = ["PeerEngine", "build_peer_engine"]
 
@@ -86,15 +87,7 @@ def _build_optimizer(cfg: PretrainConfig, model: torch.nn.Module, hook) -> torch
 
 
 @dataclass
-class PeerStepResult:
-    loss: float
-    grad_norm: float | None
-    updated: bool
-    seconds: float
-
-
-@dataclass
-class PeerEngine:
+class PeerEngine(EngineCommon):
     cfg: PretrainConfig
     ddp: Any  # torch.nn.parallel.DistributedDataParallel over the Megatron GPTModel
     optimizer: torch.optim.Optimizer
@@ -113,7 +106,7 @@ class PeerEngine:
         return self.hook.step < self.hook.cfg.freeze_step
 
     # ------------------------------------------------------------------ training
-    def step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> PeerStepResult:
+    def step(self, micro_batches: list[tuple[Tensor, Tensor]]) -> StepResult:
         from scape.megatron.train import forward_loss
 
         start = time.perf_counter()
@@ -137,57 +130,28 @@ class PeerEngine:
             self.hook.step += 1  # keep the hook's phase in step with the schedule
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return PeerStepResult(total, norm, updated, time.perf_counter() - start)
-
-    def current_lr(self) -> float:
-        return float(max(g["lr"] for g in self.optimizer.param_groups))
+        return StepResult(total, norm, updated, time.perf_counter() - start)
 
     def bytes_last_step(self) -> dict[str, float]:
-        now = self.hook.counter.snapshot()
-        delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
-        self._bytes_seen = now
-        return delta
+        return self._counter_delta(self.hook.counter)
 
     def check_consistency(self, step: int) -> None:
         """Every rank holds a full replica: their parameters must agree bit for bit."""
-        from scape.megatron.optimizer import ReplicaDivergence
-
         bits = torch.stack(
             [p.detach().view(torch.int32).to(torch.int64).sum() for p in self.ddp.parameters()]
         ).sum()
-        everyone = [torch.zeros_like(bits) for _ in range(dist.get_world_size())]
-        dist.all_gather(everyone, bits)
-        if any(not torch.equal(e, everyone[0]) for e in everyone):
-            raise ReplicaDivergence(
-                f"{self.cfg.optimizer.name} replicas diverged at step {step}: "
-                f"{[int(e) for e in everyone]}"
-            )
+        check_replicas(bits, self.cfg.optimizer.name, step)
 
     def sync_params(self) -> None:
         """Parameters are always in sync (replicated optimizer): nothing to gather."""
 
     # ------------------------------------------------------------------ state
-    def model_state_dict(self) -> dict[str, Tensor]:
-        return {
-            k: v.detach().cpu().clone()
-            for k, v in self.ddp.module.state_dict().items()
-            if v is not None
-        }
-
-    def load_model_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.ddp.module.load_state_dict(state, strict=False)
-
     def optimizer_state(self) -> dict[str, Any]:
         return {"peer": {"optimizer": self.optimizer.state_dict(), "hook": self.hook.state_dict()}}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["peer"]["optimizer"])
         self.hook.load_state_dict(state["peer"]["hook"])
-
-    def export(self, out_dir: Path, step: int) -> None:
-        from eval.export import export_model
-
-        export_model(self.ddp.module, self.cfg.model, self.data_dir, out_dir, step=step)
 
 
 def build_peer_engine(cfg: PretrainConfig, model: torch.nn.Module, data_dir: Path, device):
