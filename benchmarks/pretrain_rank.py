@@ -66,15 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         from pipelines.config import compose
-        from pipelines.pretrain import claim_run_dir
-        from pipelines.trainer import train_rank
+        from pipelines.pretrain import train_joined_rank
 
         cfg = compose(spec["overrides"])
         run_dir = Path(spec["run_dir"])
-        if rank == 0:
-            claim_run_dir(cfg, run_dir)
-        dist.barrier()
-        summary = train_rank(rank, world, cfg, str(run_dir))
+        summary = train_joined_rank(rank, world, cfg, run_dir)
         dist.barrier()
     finally:
         dist.destroy_process_group()

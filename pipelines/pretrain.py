@@ -29,7 +29,7 @@ from data_prep.errors import DataPrepError
 from pipelines.config import ConfigError, PretrainConfig, register_configs, validate
 from pipelines.tracking import METRICS_FILE, read_metrics, run_name
 
-__all__ = ["claim_run_dir", "main", "run", "run_dir_of"]
+__all__ = ["claim_run_dir", "main", "run", "run_dir_of", "train_joined_rank"]
 
 register_configs()
 
@@ -137,6 +137,21 @@ def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(resolved)
+
+
+def train_joined_rank(
+    rank: int, world_size: int, cfg: PretrainConfig, run_dir: Path
+) -> dict[str, Any]:
+    """This process's rank of a run whose process group is already up (a Slurm task, a
+    benchmark rank): rank 0 claims the run directory, then every rank trains."""
+    import torch.distributed as dist
+
+    from pipelines.trainer import train_rank
+
+    if rank == 0:
+        claim_run_dir(cfg, run_dir)
+    dist.barrier()
+    return train_rank(rank, world_size, cfg, str(run_dir))
 
 
 def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:

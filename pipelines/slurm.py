@@ -37,8 +37,7 @@ def train_in_slurm_task(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
     import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pipelines.pretrain import claim_run_dir
-    from pipelines.trainer import train_rank
+    from pipelines.pretrain import train_joined_rank
 
     # overwrite: a MASTER_PORT already in the environment is what the helper read anyway.
     # All GPUs stay visible; the engine picks cuda:LOCAL_RANK.
@@ -51,10 +50,7 @@ def train_in_slurm_task(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
         )
     dist.init_process_group(cfg.cluster.backend)
     try:
-        if env.rank == 0:
-            claim_run_dir(cfg, run_dir)
-        dist.barrier()
-        return train_rank(env.rank, env.world_size, cfg, str(run_dir))
+        return train_joined_rank(env.rank, env.world_size, cfg, run_dir)
     finally:
         dist.destroy_process_group()
 
