@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.costmodel import AlphaBeta, fit_alpha_beta, predict_step
 from benchmarks.launch import launch_ranks
-from benchmarks.netns import Cluster, LinkSpec, remove_stale, skip_reason
+from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
 
 __all__ = ["DEFAULT_METHODS", "MODEL", "run_config", "summarize"]
 
@@ -176,14 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a killed make) must still run the finally/atexit teardown.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    reason = skip_reason()
-    if reason:
-        print(f"bench-cluster SKIPPED: {reason}")
-        args.out.write_text(json.dumps({"skipped": reason}, indent=1))
+    if not ready_or_skip("bench-cluster", args.out):
         return 0
-    stale = remove_stale()
-    if stale:
-        print(f"removed stale namespaces: {', '.join(stale)}")
     configs = []
     with tempfile.TemporaryDirectory(prefix="scape-bench-") as tmp:
         for world in args.worlds:

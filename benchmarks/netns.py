@@ -17,14 +17,16 @@ the veth ends inside it, so nothing else needs undoing.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["Cluster", "LinkSpec", "remove_stale", "skip_reason"]
+__all__ = ["Cluster", "LinkSpec", "ready_or_skip", "remove_stale", "skip_reason"]
 
 PREFIX = "scbench"
 SUBNET = "10.123.0"
@@ -112,6 +114,20 @@ def remove_stale() -> list[str]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
             removed.append(name)
     return removed
+
+
+def ready_or_skip(bench: str, out: Path) -> bool:
+    """True when namespaces can be built (after removing a killed run's leftovers); else say
+    why, write ``{"skipped": why}`` to ``out`` (so reports can tell) and return False."""
+    reason = skip_reason()
+    if reason:
+        print(f"{bench} SKIPPED: {reason}")
+        out.write_text(json.dumps({"skipped": reason}, indent=1))
+        return False
+    stale = remove_stale()
+    if stale:
+        print(f"removed stale namespaces: {', '.join(stale)}")
+    return True
 
 
 class Cluster:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.launch import LaunchError, launch_ranks
-from benchmarks.netns import Cluster, LinkSpec, remove_stale, skip_reason
+from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
 
 __all__ = [
     "EXPERIMENT",
@@ -294,15 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     link = None if args.loopback else LinkSpec(args.rate_mbit)
-    if not args.loopback:
-        reason = skip_reason()
-        if reason:
-            print(f"bench-peers-cluster SKIPPED: {reason}")
-            args.out.write_text(json.dumps({"skipped": reason}, indent=1))
-            return 0
-        stale = remove_stale()
-        if stale:
-            print(f"removed stale namespaces: {', '.join(stale)}")
+    if not args.loopback and not ready_or_skip("bench-peers-cluster", args.out):
+        return 0
     doc: dict[str, Any] = {
         "bench": "peers_cluster",
         "experiment": EXPERIMENT,

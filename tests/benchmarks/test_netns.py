@@ -23,7 +23,7 @@ def test_skips_without_iproute2(monkeypatch):
 
 
 def test_cluster_bench_writes_skip_record(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cluster, "skip_reason", lambda: "not root: test")
+    monkeypatch.setattr(netns, "skip_reason", lambda: "not root: test")
     out = tmp_path / "cluster.json"
     assert cluster.main(["--out", str(out)]) == 0
     assert json.loads(out.read_text()) == {"skipped": "not root: test"}

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks import peers_cluster
+from benchmarks import netns, peers_cluster
 from benchmarks.peers_cluster import overrides_for, run_stats, summarize
 
 
@@ -83,7 +83,7 @@ def test_default_methods_are_the_experiment_sweep():
 
 
 def test_writes_skip_record(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(peers_cluster, "skip_reason", lambda: "not root: test")
+    monkeypatch.setattr(netns, "skip_reason", lambda: "not root: test")
     out = tmp_path / "cluster.json"
     assert peers_cluster.main(["--out", str(out)]) == 0
     assert json.loads(out.read_text()) == {"skipped": "not root: test"}
