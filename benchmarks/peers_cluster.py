@@ -5,8 +5,8 @@ cluster, for every optimizer of the peers experiment (issue 8).
         --out results/peers/cluster.json
 
 Unlike ``make bench-cluster`` (a communicator-level workload), each point here is a whole
-``pipelines.trainer.train_rank`` run of ``experiment=peers_gpt345m_owt scale=tiny`` with one
-optimizer of that experiment's sweep, every rank in its own network namespace behind a
+``pipelines.training.trainer.train_rank`` run of ``experiment=peers_gpt345m_owt scale=tiny``
+with one optimizer of that experiment's sweep, every rank in its own network namespace behind a
 ``tc tbf``-shaped link (:mod:`benchmarks.netns`), started by :mod:`benchmarks.pretrain_rank`.
 A fresh cluster is built for every run (a few ip/tc calls, so no run sees another's queues).
 

@@ -7,7 +7,7 @@ Started inside the rank's network namespace (or on loopback). The spec holds ``o
 (a fresh directory: the trainer resumes from any checkpoint it finds there), plus what
 ``launch_ranks`` adds (``world_size``, ``master_addr``, ``master_port``, ``ifname``,
 ``out_dir``). The rank joins the gloo group over TCP, composes the config, runs
-:func:`pipelines.trainer.train_rank` unchanged, and writes ``<out_dir>/rank<R>.json``: on
+:func:`pipelines.training.trainer.train_rank` unchanged, and writes ``<out_dir>/rank<R>.json``: on
 rank 0 the per-step ``step_time`` (forward + backward + communication + optimizer, as the
 trainer measures it), the total bytes this rank sent each step and the loss, read back from
 ``metrics.jsonl``; on the other ranks only their rank and status.
@@ -31,7 +31,7 @@ __all__ = ["main", "read_steps"]
 
 def read_steps(metrics_path: Path) -> dict[str, list]:
     """Per-step lists from a run's metrics.jsonl (records without ``step_time`` are skipped)."""
-    from pipelines.tracking import read_metrics
+    from pipelines.training.tracking import read_metrics
 
     records = [r for r in read_metrics(metrics_path) if "step_time" in r]
     records.sort(key=lambda r: int(r["step"]))
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         timeout=timedelta(seconds=spec.get("timeout_s", 600)),
     )
     try:
-        from pipelines.config import compose
         from pipelines.pretrain import train_joined_rank
+        from pipelines.training.config import compose
 
         cfg = compose(spec["overrides"])
         run_dir = Path(spec["run_dir"])
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": time.perf_counter() - start,
     }
     if rank == 0:
-        from pipelines.tracking import METRICS_FILE
+        from pipelines.training.tracking import METRICS_FILE
 
         result.update(
             optimizer=cfg.optimizer.name,

@@ -28,8 +28,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.config import ConfigError, compose
-from pipelines.tracking import METRICS_FILE, read_metrics
+from pipelines.training.config import ConfigError, compose
+from pipelines.training.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["MethodResult", "PeersStudyConfig", "report", "run", "summarize_method"]
 

@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.errors import DataPrepError
-from pipelines.config import ConfigError, PretrainConfig, register_configs, validate
-from pipelines.tracking import METRICS_FILE, read_metrics, run_name
+from pipelines.training.config import ConfigError, PretrainConfig, register_configs, validate
+from pipelines.training.tracking import METRICS_FILE, read_metrics, run_name
 
 __all__ = ["claim_run_dir", "main", "run", "run_dir_of", "train_joined_rank"]
 
@@ -146,7 +146,7 @@ def train_joined_rank(
     benchmark rank): rank 0 claims the run directory, then every rank trains."""
     import torch.distributed as dist
 
-    from pipelines.trainer import train_rank
+    from pipelines.training.trainer import train_rank
 
     if rank == 0:
         claim_run_dir(cfg, run_dir)
@@ -155,7 +155,7 @@ def train_joined_rank(
 
 
 def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
-    from pipelines.trainer import train_rank
+    from pipelines.training.trainer import train_rank
     from scape.testing import run_distributed
 
     claim_run_dir(cfg, run_dir)
@@ -183,16 +183,16 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
     # Set by submitit inside its jobs: Hydra's submitit launcher (and our own Slurm jobs)
     # call this function once per task, and each task is one rank.
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        from pipelines.slurm import train_in_slurm_task
+        from pipelines.training.slurm import train_in_slurm_task
 
         _check_data(cfg)
         return train_in_slurm_task(cfg, run_dir)
     if cfg.cluster.launcher == "slurm":
-        from pipelines.slurm import submit_pretrain
+        from pipelines.training.slurm import submit_pretrain
 
         return submit_pretrain(cfg, run_dir)
     _check_data(cfg)
-    from pipelines.slots import run_slot
+    from pipelines.training.slots import run_slot
 
     slots = Path(cfg.output_root) / ".slots"
     with run_slot(slots, cfg.cluster.max_concurrent, on_wait=lambda m: print(m, file=sys.stderr)):

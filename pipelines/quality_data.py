@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from data_prep.dataset import load_prepared
-from pipelines.data import Batch, TrainingData, load_training_data, stack_samples
+from pipelines.training.data import Batch, TrainingData, load_training_data, stack_samples
 
 __all__ = ["Batch", "StudyData", "load_study_data"]
 

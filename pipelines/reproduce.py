@@ -23,7 +23,7 @@ from pathlib import Path
 
 from data_prep.errors import DataPrepError
 from eval.errors import EvalError
-from pipelines.config import ConfigError, compose
+from pipelines.training.config import ConfigError, compose
 
 TINY_EXPERIMENTS = ["gpt345m_owt_quality", "llama500m_slimpj_quality"]
 PAPER_EXPERIMENTS = [
@@ -94,7 +94,7 @@ def reproduce(
     _banner(f"2/4 pretrain {len(configs)} runs ({', '.join(experiments)})")
     run_dirs = [run_dir_of(cfg) for cfg in configs]
     if not local:
-        from pipelines.slurm import submit_sweep
+        from pipelines.training.slurm import submit_sweep
 
         for experiment in experiments:  # one job array per experiment
             mine = [i for i, c in enumerate(configs) if c.experiment == experiment]

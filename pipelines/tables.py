@@ -29,8 +29,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.config import sparsity_of
-from pipelines.tracking import METRICS_FILE, read_metrics
+from pipelines.training.config import sparsity_of
+from pipelines.training.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["PAPER_CLAIMS", "TablesConfig", "collect_runs", "run"]
 

@@ -58,7 +58,7 @@ def test_run_stats_skips_warmup_steps():
 
 
 def test_overrides_keep_eval_and_checkpoints_out_of_the_measured_steps(tmp_path):
-    from pipelines.config import compose
+    from pipelines.training.config import compose
 
     ov = overrides_for("onebit", steps=12, warmup=5, world=2, output_root=tmp_path,
                        data_root=tmp_path)  # fmt: skip

@@ -53,7 +53,8 @@ def digest(tensors) -> str:
 
 
 def weights_only_round_trip(state: dict) -> dict:
-    """Through torch.save / torch.load(weights_only=True), as pipelines/checkpoint.py loads."""
+    """Through torch.save / torch.load(weights_only=True), as
+    pipelines/training/checkpoint.py loads."""
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)

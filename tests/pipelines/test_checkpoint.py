@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from pipelines.checkpoint import (
+from pipelines.training.checkpoint import (
     CheckpointError,
     find_latest_valid,
     load_rank_files,

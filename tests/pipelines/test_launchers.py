@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.slots import run_slot
+from pipelines.training.slots import run_slot
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -45,7 +45,7 @@ def test_run_slot_allows_as_many_runs_as_slots(tmp_path):
 
 
 def test_preemption_checkpoints_then_hands_the_signal_to_submitit():
-    from pipelines.trainer import _Preemption
+    from pipelines.training.trainer import _Preemption
 
     calls = []
     before = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
@@ -69,7 +69,7 @@ def test_vista_launcher_gives_submitit_the_cluster_resources(tmp_path, monkeypat
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf
 
-    from pipelines.config import CONF_DIR, register_configs
+    from pipelines.training.config import CONF_DIR, register_configs
 
     monkeypatch.setenv("SLURM_ACCOUNT", "TEST-ALLOC")
     register_configs()
@@ -118,7 +118,7 @@ def test_each_slurm_task_trains_its_rank_in_place(tmp_path, prepared_default):
     """What Hydra's submitit launcher runs in every task: pipelines.pretrain.run(cfg)."""
     overrides = [*TINY, "optimizer=adams", f"output_root={tmp_path}"]
     code = (
-        "from pipelines.config import compose; from pipelines.pretrain import run; "
+        "from pipelines.training.config import compose; from pipelines.pretrain import run; "
         f"print(run(compose({overrides!r})))"
     )
     port = str(_free_port())
@@ -149,8 +149,8 @@ def test_each_slurm_task_trains_its_rank_in_place(tmp_path, prepared_default):
 
 
 def test_slurm_task_count_must_match_the_cluster_config(tmp_path, monkeypatch):
-    from pipelines.config import ConfigError, compose
-    from pipelines.slurm import train_in_slurm_task
+    from pipelines.training.config import ConfigError, compose
+    from pipelines.training.slurm import train_in_slurm_task
 
     for key, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "1", "SLURM_NTASKS": "3",
                        "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import compose
 from pipelines.pretrain import run, run_dir_of
-from pipelines.tracking import read_metrics
+from pipelines.training.config import compose
+from pipelines.training.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

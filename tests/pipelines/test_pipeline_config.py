@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from pipelines.config import CONF_DIR, ConfigError, compose
+from pipelines.training.config import CONF_DIR, ConfigError, compose
 from scape.megatron.models import SHAPES, ModelShape
 
 GROUP_FILES = {
@@ -106,7 +106,7 @@ def test_scape_options_expose_every_scape_config_field():
     """ScapeOptions is ScapeConfig in the user's terms (sparsity for density), field for field."""
     import dataclasses
 
-    from pipelines.config import ScapeOptions
+    from pipelines.training.config import ScapeOptions
     from scape.config import ScapeConfig
 
     options = {f.name: f.default for f in dataclasses.fields(ScapeOptions)}

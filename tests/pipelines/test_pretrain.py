@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.tracking import read_metrics
+from pipelines.training.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pipelines.config import ConfigError, compose
 from pipelines.pretrain import run
+from pipelines.training.config import ConfigError, compose
 
 
 def test_dry_run_writes_sbatch_and_resolved_config(tmp_path, monkeypatch):
@@ -55,7 +55,7 @@ def test_missing_account_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch):
     from pipelines.pretrain import run_dir_of
-    from pipelines.slurm import submit_sweep
+    from pipelines.training.slurm import submit_sweep
 
     monkeypatch.setenv("SLURM_ACCOUNT", "TG-ABC123")
     a = compose(["experiment=llama1p8b_step", "optimizer=adams", f"output_root={tmp_path}"])

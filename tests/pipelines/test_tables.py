@@ -4,8 +4,8 @@ import json
 
 from omegaconf import OmegaConf
 
-from pipelines.config import compose
 from pipelines.tables import TablesConfig, run
+from pipelines.training.config import compose
 
 
 def _fake_run(root, optimizer, step_time, bytes_per_step, final_val):

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import PretrainConfig, sparsity_of
+from pipelines.training.config import PretrainConfig, sparsity_of
 
 __all__ = ["METRICS_FILE", "RunLogger", "read_metrics", "run_name", "wandb_mode"]
 

@@ -22,11 +22,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipelines.checkpoint import find_latest_valid, load_rank_files, save_checkpoint, step_of
-from pipelines.config import PretrainConfig
-from pipelines.data import load_training_data
-from pipelines.engine import build_engine
-from pipelines.tracking import RunLogger
+from pipelines.training.checkpoint import (
+    find_latest_valid,
+    load_rank_files,
+    save_checkpoint,
+    step_of,
+)
+from pipelines.training.config import PretrainConfig
+from pipelines.training.data import load_training_data
+from pipelines.training.engine import build_engine
+from pipelines.training.tracking import RunLogger
 
 __all__ = ["train_rank"]
 

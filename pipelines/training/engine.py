@@ -3,7 +3,7 @@
 The pretrain loop talks to an :class:`Engine` only, whatever the optimizer: dense AdamW /
 AdamS through Megatron's DistributedOptimizer, or SCAPE through its subclasses
 (``scape.megatron``). Checkpoint state is per rank (ZeRO-style optimizer shards). The peer
-baselines (PowerSGD, DGC, 1-bit Adam) use :mod:`pipelines.peer_engine` behind the same interface.
+baselines (PowerSGD, DGC, 1-bit Adam) use :mod:`pipelines.training.peer_engine` behind the same interface.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.tokenizers import check_model_vocab
-from pipelines.config import PEERS, PretrainConfig
+from pipelines.training.config import PEERS, PretrainConfig
 from scape.comm import GRAD_VALUES, PARAM_VALUES, ring_bytes_per_rank
 
 __all__ = ["Engine", "EngineCommon", "build_engine", "check_replicas", "model_shape"]
@@ -171,7 +171,7 @@ def build_engine(cfg: PretrainConfig, world_size: int):
     """Model, DDP and optimizer for this rank; the process group must be up.
 
     An :class:`Engine` (Megatron DDP + distributed optimizer: dense or SCAPE), or for the
-    peer baselines a :class:`pipelines.peer_engine.PeerEngine` with the same interface.
+    peer baselines a :class:`pipelines.training.peer_engine.PeerEngine` with the same interface.
     """
     from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, init_megatron, wrap_ddp
     from scape.megatron.models import build_gpt_model
@@ -193,7 +193,7 @@ def build_engine(cfg: PretrainConfig, world_size: int):
     config, model = build_gpt_model(shape, device=device, bf16=bf16)
     o, t = cfg.optimizer, cfg.train
     if o.name in PEERS:
-        from pipelines.peer_engine import build_peer_engine
+        from pipelines.training.peer_engine import build_peer_engine
 
         return build_peer_engine(cfg, model, data_dir, device)
     spec = OptimizerSpec(

@@ -333,7 +333,7 @@ def _validate_peer(cfg: PretrainConfig) -> None:
         _fail(rule[0], rule[1], f"is not one of {', '.join(LOCAL_RULES)}")
 
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "pretrain") -> PretrainConfig:

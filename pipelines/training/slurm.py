@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import ConfigError, PretrainConfig
+from pipelines.training.config import ConfigError, PretrainConfig
 
 __all__ = [
     "SlurmTrainJob",

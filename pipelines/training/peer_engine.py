@@ -1,6 +1,6 @@
 """The training engine of one rank for the peer baselines (issue 8): PowerSGD, DGC, 1-bit Adam.
 
-Same Megatron-Core model, data, schedule and metrics as :mod:`pipelines.engine`, but the
+Same Megatron-Core model, data, schedule and metrics as :mod:`pipelines.training.engine`, but the
 model is wrapped in PyTorch's ``DistributedDataParallel`` with a communication hook from
 :mod:`scape.peers` (PowerSGD is torch's own hook), and every rank holds a full replica of
 the optimizer: these methods replace the gradient all-reduce, so they do not combine with
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipelines.config import PretrainConfig
-from pipelines.engine import EngineCommon, check_replicas
+from pipelines.training.config import PretrainConfig
+from pipelines.training.engine import EngineCommon, check_replicas
 from scape.megatron.train import StepResult
 
 __all__ = ["PeerEngine", "build_peer_engine"]
