@@ -1,10 +1,11 @@
 """The training engine of one rank for the peer baselines (issue 8): PowerSGD, DGC, 1-bit Adam.
 
-Same Megatron-Core model, data, schedule and metrics as :mod:`pipelines.training.engine`, but the
-model is wrapped in PyTorch's ``DistributedDataParallel`` with a communication hook from
-:mod:`scape.peers` (PowerSGD is torch's own hook), and every rank holds a full replica of
-the optimizer: these methods replace the gradient all-reduce, so they do not combine with
-Megatron's ZeRO-1 reduce-scatter. The hook counts the bytes it sends, so the metrics carry
+Same Megatron-Core model, data, schedule and metrics as
+:mod:`pipelines.training.megatron_engine`, but the model is wrapped in PyTorch's
+``DistributedDataParallel`` with a communication hook from :mod:`scape.peers` (PowerSGD is
+torch's own hook), and every rank holds a full replica of the optimizer: these methods
+replace the gradient all-reduce, so they do not combine with Megatron's ZeRO-1
+reduce-scatter. The hook counts the bytes it sends, so the metrics carry
 bytes per step like the dense and SCAPE runs.
 
 PowerSGD and DGC apply ``optimizer.<method>.local_rule`` (AdamS by default: SCAPE's rule,
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor
 
 from pipelines.training.config import PretrainConfig
-from pipelines.training.engine import EngineCommon, check_replicas
+from pipelines.training.engine_base import EngineCommon, check_replicas
 from scape.megatron.train import StepResult
 
 __all__ = ["PeerEngine", "build_peer_engine"]
