@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         timeout=timedelta(seconds=spec.get("timeout_s", 600)),
     )
     try:
-        from pipelines.pretrain import train_joined_rank
         from pipelines.training.config import compose
+        from pipelines.training.runs import train_joined_rank
 
         cfg = compose(spec["overrides"])
         run_dir = Path(spec["run_dir"])

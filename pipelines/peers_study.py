@@ -210,7 +210,7 @@ def report(
     runs: list[tuple[str, int, Any]], out_dir: Path, cluster_jsons: list[Path], command: str
 ) -> list[MethodResult]:
     """Write the table, CSV, JSON and figure for finished runs; returns the rows."""
-    from pipelines.pretrain import run_dir_of
+    from pipelines.training.runs import run_dir_of
 
     by_method: dict[str, list[list[dict[str, Any]]]] = {}
     labels: dict[str, str] = {}

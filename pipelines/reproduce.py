@@ -66,9 +66,9 @@ def reproduce(
     overrides: list[str],
 ) -> None:
     from pipelines.pretrain import run as pretrain_run
-    from pipelines.pretrain import run_dir_of
     from pipelines.tables import TablesConfig
     from pipelines.tables import run as tables_run
+    from pipelines.training.runs import run_dir_of
 
     start = time.perf_counter()
     base = [f"scale={scale}", f"output_root={output_root}", *overrides]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.training.config import ConfigError, PretrainConfig
+from pipelines.training.runs import claim_run_dir, train_joined_rank
 
 __all__ = [
     "SlurmTrainJob",
@@ -36,8 +37,6 @@ def train_in_slurm_task(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
     """
     import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
-
-    from pipelines.pretrain import train_joined_rank
 
     # overwrite: a MASTER_PORT already in the environment is what the helper read anyway.
     # All GPUs stay visible; the engine picks cuda:LOCAL_RANK.
@@ -107,8 +106,6 @@ def _write_dry_run(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
 def submit_sweep(cfgs: list[PretrainConfig], run_dirs: list[Path]) -> list[dict[str, Any]]:
     """Submit runs with identical resources as one submitit job array, at most
     ``cluster.max_concurrent`` running at once (a single run is an array of one)."""
-    from pipelines.pretrain import claim_run_dir
-
     for cfg, run_dir in zip(cfgs, run_dirs, strict=True):
         claim_run_dir(cfg, run_dir)
     first = cfgs[0]

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.pretrain import run, run_dir_of
+from pipelines.pretrain import run
 from pipelines.training.config import compose
+from pipelines.training.runs import run_dir_of
 from pipelines.training.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]

@@ -54,7 +54,7 @@ def test_missing_account_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch):
-    from pipelines.pretrain import run_dir_of
+    from pipelines.training.runs import run_dir_of
     from pipelines.training.slurm import submit_sweep
 
     monkeypatch.setenv("SLURM_ACCOUNT", "TG-ABC123")
@@ -73,7 +73,7 @@ def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch
 
 
 def test_a_run_directory_is_not_reused_for_other_settings(tmp_path):
-    from pipelines.pretrain import claim_run_dir, run_dir_of
+    from pipelines.training.runs import claim_run_dir, run_dir_of
 
     cfg = compose(["optimizer=scape99", f"output_root={tmp_path}"])
     claim_run_dir(cfg, run_dir_of(cfg))
@@ -91,7 +91,7 @@ def test_options_of_other_optimizers_do_not_orphan_a_run(tmp_path):
     """A dense run's directory stays valid when SCAPE's defaults change or options are added."""
     from omegaconf import OmegaConf
 
-    from pipelines.pretrain import claim_run_dir, run_dir_of
+    from pipelines.training.runs import claim_run_dir, run_dir_of
 
     cfg = compose(["optimizer=adams", f"output_root={tmp_path}"])
     run_dir = run_dir_of(cfg)
