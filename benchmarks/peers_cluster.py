@@ -26,7 +26,7 @@ Skips with a message (and a JSON saying why) when network namespaces are not ava
 ``--loopback`` runs the same on 127.0.0.1 without namespaces or shaping.
 
 The JSON: ``methods`` (name -> ``step_time_s``, ratios, bytes, errors; what
-``pipelines.peers_study`` reads for its time columns), ``link`` (with its ``label``),
+``pipelines.studies.peers_report`` reads for its time columns), ``link`` (with its ``label``),
 ``runs`` (one record per run, every step's time and bytes), the settings and the load.
 """
 
@@ -179,7 +179,7 @@ def _error_summary(err: BaseException, out_dir: Path, world: int) -> str:
 
 
 def _link_record(link: LinkSpec | None) -> dict[str, Any]:
-    if link is None:  # pipelines.peers_study reads link.label for its column heading
+    if link is None:  # pipelines.studies.peers_report reads link.label for its column heading
         return {"rate_mbit": None, "label": "loopback (not shaped)"}
     return {"rate_mbit": link.rate_mbit, "burst_bytes": link.burst,
             "latency_ms": link.latency_ms, "label": link.label}  # fmt: skip

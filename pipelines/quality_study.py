@@ -9,8 +9,8 @@
 Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the
 ablations with ``ablation_seeds``), core runs first so that an interrupted study has the
 main comparison. Each run is a W-worker simulation of a Megatron GPTModel
-(:mod:`pipelines.quality_run`); finished runs are skipped on a rerun. The report
-(:mod:`pipelines.quality_report`) is written from every finished run in ``out_dir``.
+(:mod:`pipelines.studies.quality_run`); finished runs are skipped on a rerun. The report
+(:mod:`pipelines.studies.quality_report`) is written from every finished run in ``out_dir``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.quality_config import QualityStudyConfig, RunSpec, VariantSpec
+from pipelines.studies.quality_config import QualityStudyConfig, RunSpec, VariantSpec
 
 __all__ = ["plan_runs", "resolve", "run"]
 
@@ -106,9 +106,9 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     """Run (or skip, when finished) every planned run, then write the report."""
     import torch
 
-    from pipelines.quality_data import load_study_data
-    from pipelines.quality_report import write_report
-    from pipelines.quality_run import init_megatron_single_process, train_run
+    from pipelines.studies.quality_data import load_study_data
+    from pipelines.studies.quality_report import write_report
+    from pipelines.studies.quality_run import init_megatron_single_process, train_run
 
     cfg = resolve(cfg)
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its dataset INFO lines drown ours

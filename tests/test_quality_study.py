@@ -18,10 +18,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-from pipelines.quality_config import QualityStudyConfig, RunSpec, VariantSpec, scape_config
-from pipelines.quality_report import RunLog, summarize
-from pipelines.quality_run import completed_run, lr_at
 from pipelines.quality_study import plan_runs, plot_groups, resolve
+from pipelines.studies.quality_config import QualityStudyConfig, RunSpec, VariantSpec, scape_config
+from pipelines.studies.quality_report import RunLog, summarize
+from pipelines.studies.quality_run import completed_run, lr_at
 from scape.config import ScapeConfig
 from scape.simulate import OptimizerHParams, Simulator
 

@@ -145,7 +145,7 @@ def test_a_crashing_method_is_recorded_and_the_sweep_goes_on(monkeypatch, tmp_pa
     assert m["dgc99"]["step_ratio_vs_adams"] == 0.5 and m["dgc99"]["bytes_ratio"] == 2.0
     assert "FAILED" in capsys.readouterr().out
     # What the peers study reads from this file: methods.<name>.step_time_s and link.label.
-    from pipelines.peers_study import _attach_times, summarize_method
+    from pipelines.studies.peers_report import _attach_times, summarize_method
 
     recs = [{"step": 1, "loss": 1.0, "val_loss": 2.0, "bytes": {"grad_values": 1.0}}]
     results = [summarize_method(n, n, [recs]) for n in ("adams", "dgc99", "powersgd_r1")]

@@ -5,13 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.peers_study import (
-    PeersStudyConfig,
-    _attach_times,
-    _table,
-    run,
-    summarize_method,
-)
+from pipelines.peers_study import PeersStudyConfig, run
+from pipelines.studies.peers_report import _attach_times, _table, summarize_method
 
 REPO = Path(__file__).resolve().parents[2]
 

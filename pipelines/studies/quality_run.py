@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.quality_config import RunSpec, ScaleConfig, scape_config
-from pipelines.quality_data import Batch, StudyData
+from pipelines.studies.quality_config import RunSpec, ScaleConfig, scape_config
+from pipelines.studies.quality_data import Batch, StudyData
 from scape.simulate import OptimizerHParams, Simulator
 
 __all__ = ["completed_run", "init_megatron_single_process", "lr_at", "train_run"]
