@@ -70,39 +70,3 @@ def test_a_job_array_refuses_runs_with_different_resources(tmp_path, monkeypatch
     )
     with pytest.raises(ConfigError, match="identical resources"):
         submit_sweep([a, b], [run_dir_of(a), run_dir_of(b)])
-
-
-def test_a_run_directory_is_not_reused_for_other_settings(tmp_path):
-    from pipelines.training.runs import claim_run_dir, run_dir_of
-
-    cfg = compose(["optimizer=scape99", f"output_root={tmp_path}"])
-    claim_run_dir(cfg, run_dir_of(cfg))
-    claim_run_dir(
-        compose(["optimizer=scape99", f"output_root={tmp_path}", "progress=false"]), run_dir_of(cfg)
-    )
-    changed = compose(
-        ["optimizer=scape99", f"output_root={tmp_path}", "optimizer.scape.error_feedback=true"]
-    )
-    with pytest.raises(ConfigError, match="holds a run with other settings"):
-        claim_run_dir(changed, run_dir_of(changed))
-
-
-def test_options_of_other_optimizers_do_not_orphan_a_run(tmp_path):
-    """A dense run's directory stays valid when SCAPE's defaults change or options are added."""
-    from omegaconf import OmegaConf
-
-    from pipelines.training.runs import claim_run_dir, run_dir_of
-
-    cfg = compose(["optimizer=adams", f"output_root={tmp_path}"])
-    run_dir = run_dir_of(cfg)
-    claim_run_dir(cfg, run_dir)
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    saved.optimizer.scape.error_feedback = not saved.optimizer.scape.error_feedback
-    del saved.optimizer["dgc"]  # as written before the peers existed
-    saved.train.consistency_check_interval = 7  # bookkeeping: the numbers do not change
-    OmegaConf.save(saved, run_dir / "config.yaml")
-    claim_run_dir(cfg, run_dir)
-    saved.optimizer.lr = 1.0
-    OmegaConf.save(saved, run_dir / "config.yaml")
-    with pytest.raises(ConfigError, match="holds a run with other settings"):
-        claim_run_dir(cfg, run_dir)

@@ -10,7 +10,7 @@ from pipelines.training.config import compose
 from pipelines.training.runs import run_dir_of
 from pipelines.training.tracking import read_metrics
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _params(cfg) -> int:

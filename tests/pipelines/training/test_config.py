@@ -99,7 +99,7 @@ def test_unknown_names_fail_at_composition():
 
 
 def test_conf_dir_is_the_repository_conf():
-    assert Path(__file__).resolve().parents[2] / "conf" == CONF_DIR
+    assert Path(__file__).resolve().parents[3] / "conf" == CONF_DIR
 
 
 def test_scape_options_expose_every_scape_config_field():

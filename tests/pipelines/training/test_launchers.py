@@ -15,7 +15,7 @@ import pytest
 
 from pipelines.training.slots import run_slot
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = [
     "train.train_steps=3", "train.warmup_steps=1", "train.eval_interval=3",
     "train.checkpoint_interval=3", "model.num_layers=1", "wandb.mode=disabled", "progress=false",

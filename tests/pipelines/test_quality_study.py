@@ -1,0 +1,131 @@
+"""The quality study stage: quick mode, the run plan, and a real quick run (with resume)
+end to end. The study's config, runs and report: tests/pipelines/studies/.
+
+Megatron-backed runs go through the command line in a subprocess: they need a process
+group and Megatron's global state, which must not leak into the other tests' process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.quality_study import plan_runs, plot_groups
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_folds_in_its_scale_variants_seeds_and_output(compose_study) -> None:
+    cfg = compose_study("quick=true")
+    assert cfg.scale.name == "quick" and cfg.seeds == [0] and cfg.ablation_seeds == [0]
+    assert list(cfg.variants) == ["adams", "scape90", "scape99", "rawgrad99"]
+    assert cfg.out_dir == "outputs/quality_quick"
+    with pytest.raises(ValueError, match="unknown variants"):
+        compose_study("quick=true", "quick_variants=[nope]")
+
+
+def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
+    cfg = compose_study("seeds=[0,1]", "ablation_seeds=[5]", "only_models=[llama]")
+    plan = plan_runs(cfg)
+    n_core = sum(v.core for v in cfg.variants.values())
+    n_abl = len(cfg.variants) - n_core
+    assert len(plan) == 2 * n_core + n_abl
+    assert [s.seed for s in plan] == [0] * n_core + [1] * n_core + [5] * n_abl
+    assert all(s.variant.core for s in plan[: 2 * n_core])
+    assert len({s.run_id for s in plan}) == len(plan)
+    groups = plot_groups(cfg.variants)
+    assert groups[0] == ("core", [k for k, v in cfg.variants.items() if v.core])
+    assert [t for t, _ in groups[1:]] == ["90% sparse", "99% sparse"]
+    assert all(g[0] == "adams" for _, g in groups[1:])  # each row has its dense reference
+
+
+# ---------------------------------------------------------------- end to end (subprocess)
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 articles of the embedded corpus with a 512-entry BPE (about a second)."""
+    from data_prep.config import (
+        DataConfig,
+        PrepareConfig,
+        SourceKind,
+        TokenizerConfig,
+        TokenizerKind,
+    )
+    from data_prep.prepare import prepare
+
+    cfg = PrepareConfig(
+        data=DataConfig(
+            name="enwiki_slice",
+            kind=SourceKind.embedded,
+            embedded="enwiki_sample",
+            max_documents=16,
+            split_ratios=[0.8, 0.1, 0.1],
+        ),
+        tokenizer=TokenizerConfig(name="bytebpe512", kind=TokenizerKind.bytebpe, vocab_size=512),
+        output_root=str(tmp_path_factory.mktemp("prepared")),
+        num_proc=1,
+        progress=False,
+    )
+    return prepare(cfg).path
+
+
+def _quick(prepared: Path, out: Path) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable, "-m", "pipelines.quality_study", "quick=true",
+        f"data_dir={prepared}", f"quick_out_dir={out}", f"cache_dir={out.parent / 'cache'}",
+        "only_models=[llama]", "quick_variants=[adams,scape99]",
+        "quick_scale.steps=12", "quick_scale.eval_interval=5", "quick_scale.val_max_sequences=16",
+        f"hydra.run.dir={out.parent / 'hydra'}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_quick_study_end_to_end_then_resumes_deterministically(prepared: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    _quick(prepared, out)
+    runs = out / "runs"
+    names = sorted(p.name for p in runs.iterdir())
+    assert names == [f"llama__{v}__s0.jsonl" for v in ("adams", "scape99")]
+    for name in ("summary.md", "summary.csv", "loss_llama.png"):
+        assert (out / name).stat().st_size > 0
+    recs = _records(runs / "llama__scape99__s0.jsonl")
+    header, steps, final = recs[0], recs[1:-1], recs[-1]
+    assert header["variant"] == "scape99" and header["params"] > 0
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert [s["step"] for s in steps if "val_loss" in s] == [5, 10, 12]
+    for key in ("tokens", "loss", "lr", "grad_norm", "bytes", "residual_norm", "max_age"):
+        assert all(key in s for s in steps), key
+    assert steps[-1]["tokens"] == 12 * 4 * 2 * 32
+    assert steps[0]["mask_overlap"] is None and 0 <= steps[-1]["mask_overlap"] <= 1
+    assert steps[-1]["max_age"] >= 1 and steps[-1]["residual_norm"] > 0
+    assert abs(final["final_val_loss"] - steps[-1]["val_loss"]) < 0.5 and not final["diverged"]
+    assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
+    dense = _records(runs / "llama__adams__s0.jsonl")
+    assert dense[-2]["bytes"] > 50 * steps[-1]["bytes"]  # 99% sparse sends far less
+    summary = (out / "summary.md").read_text()
+    assert "SCAPE-99" in summary and "+0.00" in summary
+
+    # Resume: a finished run is kept; an interrupted one (only its .partial file, cut short)
+    # is redone from scratch, and the redo reproduces the original numbers exactly.
+    kept = (runs / "llama__adams__s0.jsonl").read_text()
+    done = runs / "llama__scape99__s0.jsonl"
+    cut = "".join(done.read_text().splitlines(keepends=True)[:5])
+    done.unlink()
+    (runs / "llama__scape99__s0.jsonl.partial").write_text(cut)
+    _quick(prepared, out)
+    assert (runs / "llama__adams__s0.jsonl").read_text() == kept
+    assert not list(runs.glob("*.partial"))
+    again = _records(runs / "llama__scape99__s0.jsonl")
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in again]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in recs]
