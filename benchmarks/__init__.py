@@ -18,5 +18,5 @@ Pieces:
   compute     the small Llama and byte-level text behind the communicator-level workload
   ring        a p2p ring reduce-scatter (gloo's own sends ~2x the ring's bytes)
   costmodel   alpha-beta ring collectives: fit and step-time prediction
-``scape`` imports nothing from here.
+``benchmarks`` may import every package of ours; none of them imports ``benchmarks``.
 """

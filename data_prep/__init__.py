@@ -7,4 +7,5 @@ No Hydra here (`pipelines.prepare` is the Hydra stage); the API later stages use
 - `data_prep.tokenizers.build_tokenizer(cfg)`, `padded_vocab_size(...)`,
   `check_model_vocab(...)`: Megatron-compatible tokenizers and the vocabulary rules.
 See data_prep/README.md for the corpora, tokenizers, their origins and licences.
+May import ``scape``; never ``eval``, ``pipelines`` or ``benchmarks``.
 """

@@ -6,6 +6,8 @@ Layers, bottom up (each importable and testable alone):
   encoding  mask encodings and their byte sizes
   comm      packing and the sparse collectives over a process group, with byte counters
   simulate  W data-parallel workers in one process: the oracle for the distributed code
+
+``scape`` is the bottom layer: it imports nothing of ours.
 """
 
 from scape.adams import AdamS, adams_update_
