@@ -68,17 +68,22 @@ def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
         for seed in seeds:
             for model in models:
                 for name, variant in variants.items():
-                    if variant.core == core:
-                        plan.append(RunSpec(model, name, variant, seed, cfg.scale, cfg.data_dir))
+                    if variant.core != core:
+                        continue
+                    for lr_scale in cfg.lr_scales:
+                        plan.append(
+                            RunSpec(model, name, variant, seed, cfg.scale, cfg.data_dir, lr_scale)
+                        )
     return plan
 
 
 def plot_groups(variants: dict[str, VariantSpec]) -> list[tuple[str, list[str]]]:
     """Row 1: the core comparison. Then one row per sparsity: AdamS and every SCAPE variant."""
     groups = [("core", [k for k, v in variants.items() if v.core])]
-    densities = sorted({v.density for v in variants.values() if v.method == "scape"}, reverse=True)
-    for density in densities:
-        same = [k for k, v in variants.items() if v.method == "scape" and v.density == density]
+    sparse = {k: v.exchanged_density() for k, v in variants.items() if v.method == "scape"}
+    sparse = {k: d for k, d in sparse.items() if d < 1.0}
+    for density in sorted(set(sparse.values()), reverse=True):
+        same = [k for k, d in sparse.items() if d == density]
         dense = [k for k, v in variants.items() if v.method == "adams"]
         groups.append((f"{round(100 * (1 - density), 4):g}% sparse", dense + same))
     return groups

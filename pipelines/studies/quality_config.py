@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -78,7 +79,22 @@ class VariantSpec:
     delay_mask: bool = True
     error_feedback: bool = True
     off_mask_momentum: str = "freeze"
+    dense_warmup_steps: int = 1
+    # A study-only reading of the abstract (pipelines.readings.ReadingConfig's fields, with
+    # ``reading`` naming it); empty: the simulator's own method above.
+    reading: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # legend / table text; the variant's key when empty
+
+    def exchanged_density(self) -> float:
+        """Fraction of values exchanged per step (1 for the dense methods)."""
+        if self.method != "scape":
+            return 1.0
+        if not self.reading:
+            return self.density
+        chunk, k = self.reading.get("chunk", 64), self.reading.get("k", 1)
+        if chunk == 0 or k == 0:
+            return self.reading.get("density", 0.01)
+        return k / chunk
 
 
 @dataclass
@@ -90,6 +106,8 @@ class QualityStudyConfig:
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     variants: dict[str, VariantSpec] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # Each run's lr and min_lr are the scale's times each of these (the lr grid).
+    lr_scales: list[float] = field(default_factory=lambda: [1.0])
     ablation_seeds: list[int] = field(default_factory=lambda: [0])
     # Restrict a study to some models / variants (empty: all); the report still reads all runs.
     only_models: list[str] = field(default_factory=list)
@@ -102,6 +120,12 @@ class QualityStudyConfig:
     quick_out_dir: str = "outputs/quality_quick"
 
 
+# Variant fields added after runs were made: left out of the fingerprint at these values
+# (which reproduce the old behaviour), so those runs stay valid.
+_ANY = object()
+_ADDED_LATER: dict[str, Any] = {"dense_warmup_steps": 1, "reading": {}}
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything that fixes one run's numbers."""
@@ -112,22 +136,28 @@ class RunSpec:
     seed: int
     scale: ScaleConfig
     data_dir: str
+    lr_scale: float = 1.0
 
     @property
     def run_id(self) -> str:
-        return f"{self.model.name}__{self.variant_name}__s{self.seed}"
+        lr = "" if self.lr_scale == 1.0 else f"__lr{self.lr_scale:g}"
+        return f"{self.model.name}__{self.variant_name}__s{self.seed}__t{self.scale.steps}{lr}"
 
     def fingerprint(self) -> str:
         """Hash of the settings (not of labels or paths), stored in the run's header."""
         payload = {
             "model": asdict(self.model),
             "variant": {
-                k: v for k, v in asdict(self.variant).items() if k not in ("label", "core")
+                k: v
+                for k, v in asdict(self.variant).items()
+                if k not in ("label", "core") and _ADDED_LATER.get(k, _ANY) != v
             },
             "seed": self.seed,
             "data": Path(self.data_dir).name,  # the prepared dataset's <corpus>__<tokenizer>
             "scale": {k: v for k, v in asdict(self.scale).items() if k not in ("name", "models")},
         }
+        if self.lr_scale != 1.0:
+            payload["lr_scale"] = self.lr_scale
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -145,5 +175,6 @@ def scape_config(variant: VariantSpec, seed: int) -> ScapeConfig | None:
         delay_mask=variant.delay_mask,
         error_feedback=variant.error_feedback,
         off_mask_momentum=variant.off_mask_momentum,
+        dense_warmup_steps=variant.dense_warmup_steps,
         seed=seed,
     )

@@ -27,7 +27,13 @@ from pipelines.studies.quality_config import RunSpec, ScaleConfig, scape_config
 from pipelines.studies.quality_data import Batch, StudyData
 from scape.simulate import OptimizerHParams, Simulator
 
-__all__ = ["completed_run", "init_megatron_single_process", "lr_at", "train_run"]
+__all__ = [
+    "DivergenceRule",
+    "completed_run",
+    "init_megatron_single_process",
+    "lr_at",
+    "train_run",
+]
 
 FINAL = "final"  # event of a run's last line
 
@@ -124,9 +130,24 @@ def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return last
 
 
-def _diverged(loss: float, vocab_size: int) -> bool:
-    # Worse than guessing uniformly (plus a margin): the run has left the training regime.
-    return not math.isfinite(loss) or loss > math.log(vocab_size) + 1.0
+class DivergenceRule:
+    """A run has diverged when its loss is non-finite, or when the training loss stays above
+    log(vocab) + 1 (worse than guessing uniformly, plus a margin) for ``patience``
+    consecutive steps. A single spike above that level does not end a run: a dense AdamS
+    baseline was once stopped at step 33 by one spike (6.16 -> 8.20) it would have survived.
+    """
+
+    def __init__(self, vocab_size: int, patience: int = 20) -> None:
+        self.level, self.patience = math.log(vocab_size) + 1.0, patience
+        self.streak, self.spike_steps = 0, 0
+
+    def diverged(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        over = loss > self.level
+        self.spike_steps += int(over)
+        self.streak = self.streak + 1 if over else 0
+        return self.streak >= self.patience
 
 
 def train_run(
@@ -150,23 +171,30 @@ def train_run(
     model = build_model(spec, data.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     hparams = OptimizerHParams(
-        lr=scale.lr,
+        lr=scale.lr * spec.lr_scale,
         betas=(scale.beta1, scale.beta2),
         eps=scale.eps,
         weight_decay=scale.weight_decay,
         max_grad_norm=scale.max_grad_norm,
     )
-    sim = Simulator(
-        model,
-        scale.world_size,
-        method=spec.variant.method,
-        hparams=hparams,
-        scape=scape_config(spec.variant, spec.seed),
-    )
+    if spec.variant.reading:
+        from pipelines.studies.readings import ReadingConfig, build_reading_simulator
+
+        reading = ReadingConfig(**spec.variant.reading)
+        sim = build_reading_simulator(model, scale.world_size, hparams, reading)
+    else:
+        sim = Simulator(
+            model,
+            scale.world_size,
+            method=spec.variant.method,
+            hparams=hparams,
+            scape=scape_config(spec.variant, spec.seed),
+        )
     tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
     start = time.perf_counter()
     skipped, diverged, prev_masks, last_val = 0, False, None, float("nan")
+    rule = DivergenceRule(data.vocab_size)
     with open(partial, "w", encoding="utf-8") as log:
 
         def write(record: dict[str, Any]) -> None:
@@ -182,6 +210,8 @@ def train_run(
                 "family": spec.model.family,
                 "variant": spec.variant_name,
                 "seed": spec.seed,
+                "steps": scale.steps,
+                "lr_scale": spec.lr_scale,
                 "params": n_params,
                 "settings": {
                     "model": vars(spec.model),
@@ -191,7 +221,7 @@ def train_run(
             }
         )
         for step in range(scale.steps):
-            lr = lr_at(step, scale)
+            lr = lr_at(step, scale) * spec.lr_scale
             result = sim.step(data.worker_batches(step), lm_loss, lr=lr)
             record: dict[str, Any] = {
                 "step": result.step,
@@ -202,7 +232,7 @@ def train_run(
                 "skipped": result.skipped,
                 "bytes": sum(result.bytes.values()),
             }
-            if spec.variant.method == "scape" and not result.skipped:
+            if spec.variant.method == "scape" and not spec.variant.reading and not result.skipped:
                 masks = sim.last_used_masks
                 record["mask_overlap"] = _mask_overlap(prev_masks, masks)
                 record["residual_norm"] = result.residual_norm
@@ -211,12 +241,12 @@ def train_run(
                 warm = result.step <= sim.scape.dense_warmup_steps
                 prev_masks = None if warm else masks
             skipped += int(result.skipped)
-            diverged = _diverged(result.loss, data.vocab_size)
+            diverged = rule.diverged(result.loss)
             last = diverged or result.step == scale.steps
             if last or result.step % scale.eval_interval == 0:
                 last_val = evaluate(model, val_batches)
                 record["val_loss"] = last_val
-                diverged = diverged or _diverged(last_val, data.vocab_size)
+                diverged = diverged or not math.isfinite(last_val)
             write(record)
             if diverged:
                 break  # nothing more to learn from a diverged run; it is counted as such
@@ -227,6 +257,7 @@ def train_run(
             "final_val_loss": final_val if math.isfinite(final_val) else last_val,
             "diverged": diverged,
             "skipped_steps": skipped,
+            "spike_steps": rule.spike_steps,
             "seconds": round(time.perf_counter() - start, 2),
         }
         write(final)

@@ -3,13 +3,16 @@ the no-delay ablation is run only for statistics that read the residual."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from pipelines.quality_study import plan_runs
 from pipelines.studies.quality_config import RunSpec, VariantSpec, scape_config
+from pipelines.studies.readings import ReadingConfig
 from scape.config import ScapeConfig
 from scape.simulate import OptimizerHParams, Simulator
 
@@ -18,19 +21,21 @@ def test_config_composes_and_every_variant_is_a_valid_scape_config(compose_study
     cfg = compose_study()
     assert cfg.scale.name == "small" and {m.name for m in cfg.scale.models} == {"llama", "gpt"}
     core = [k for k, v in cfg.variants.items() if v.core]
-    assert core == ["adamw", "adams", "scape90", "scape99", "rawgrad99"]
+    assert core[:2] == ["adams", "adamw"] and {"r0_99", "r0ef_99", "r6rms_99"} <= set(core)
     for name, variant in cfg.variants.items():
         built = scape_config(variant, seed=0)
         assert (built is None) == (variant.method != "scape"), name
-    # SCAPE-99 is the paper's design as the reference doc infers it; the study's pick
-    # (README) differs from it only in error feedback. Explicit, so that a change of the
-    # library's defaults cannot silently change what these rows mean.
+        if variant.reading:
+            ReadingConfig(**variant.reading)  # a study-only reading: its options validate
+    # R0-99 EF is the paper's design as the reference doc infers it; R0-99 (the issue-7
+    # study's pick) differs from it only in error feedback. Explicit, so that a change of
+    # the library's defaults cannot silently change what these rows mean.
     design = ScapeConfig(
         density=0.01, statistic="momentum", age_weight=0.0, delay_mask=True,
         error_feedback=True, off_mask_momentum="freeze", seed=0,
     )  # fmt: skip
-    assert scape_config(cfg.variants["scape99"], seed=0) == design
-    assert scape_config(cfg.variants["noef99"], seed=0) == replace(design, error_feedback=False)
+    assert scape_config(cfg.variants["r0ef_99"], seed=0) == design
+    assert scape_config(cfg.variants["r0_99"], seed=0) == replace(design, error_feedback=False)
 
 
 def test_issue_scale_is_the_issues_10_to_30m_params_and_presets_compose(compose_study) -> None:
@@ -57,6 +62,21 @@ def test_fingerprint_tracks_settings_not_labels(compose_study) -> None:
     assert relabelled.fingerprint() == spec.fingerprint()
     other = RunSpec(spec.model, spec.variant_name, spec.variant, 7, spec.scale, spec.data_dir)
     assert other.fingerprint() != spec.fingerprint()
+    # The lr grid: a scaled run has its own id and fingerprint; scale 1 keeps the plain ones.
+    half = RunSpec(*[getattr(spec, f) for f in ("model", "variant_name", "variant", "seed",
+                                                "scale", "data_dir")], lr_scale=0.5)  # fmt: skip
+    assert half.run_id == spec.run_id + "__lr0.5" and half.fingerprint() != spec.fingerprint()
+    assert spec.run_id.endswith(f"__t{spec.scale.steps}")
+
+
+def test_fingerprints_of_runs_made_before_new_variant_fields_still_match(compose_study) -> None:
+    """Fields added later are left out at their old-behaviour values: the issue-7 archive's
+    R0-99 EF run (then named scape99) is still recognised as the same settings."""
+    cfg = compose_study()
+    spec = next(s for s in plan_runs(cfg) if s.run_id.startswith("llama__r0ef_99__s0"))
+    archived = Path(__file__).resolve().parents[3] / "results/quality/issue7/runs"
+    header = json.loads((archived / "llama__scape99__s0.jsonl").read_text().splitlines()[0])
+    assert header["fingerprint"] == spec.fingerprint()
 
 
 def test_mask_delay_is_free_for_the_momentum_statistic() -> None:

@@ -30,3 +30,14 @@ def test_completed_run_needs_final_record_and_same_fingerprint(tmp_path: Path) -
         f.write(json.dumps({"event": "final", "final_val_loss": 1.0}) + "\n")
     assert completed_run(path, "abc") == {"event": "final", "final_val_loss": 1.0}
     assert completed_run(path, "other") is None
+
+
+def test_divergence_needs_a_sustained_excursion_not_one_spike() -> None:
+    from pipelines.studies.quality_run import DivergenceRule
+
+    rule = DivergenceRule(vocab_size=1024, patience=20)  # level: log(1024) + 1 = 7.93
+    assert not rule.diverged(6.16) and not rule.diverged(8.20)  # the spike that once ended a run
+    assert not any(rule.diverged(6.0) for _ in range(100))
+    assert [rule.diverged(9.0) for _ in range(20)] == [False] * 19 + [True]
+    assert rule.spike_steps == 21
+    assert DivergenceRule(1024).diverged(float("nan"))

@@ -1,0 +1,169 @@
+"""The study-only readings of the abstract: each checked against a reference it must equal
+(the library's R0 step, RMSprop, AdamS) and against its own invariants (conservation of
+gradient mass, the owner's mask, bounded staleness, skipped non-finite steps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pipelines.studies.readings import (
+    ChunkBasis,
+    LocalMomentSimulator,
+    ReadingConfig,
+    build_reading_simulator,
+    dct_matrix,
+)
+from scape.config import ScapeConfig
+from scape.simulate import OptimizerHParams, Simulator
+
+W = 3
+HP = OptimizerHParams(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 40), nn.GELU(), nn.Linear(40, 3))
+
+
+def _loss(model: nn.Module, batch) -> torch.Tensor:
+    return (model(batch[0]) - batch[1]).square().mean()
+
+
+def _batches(t: int, scale: float = 1.0) -> list:
+    g = torch.Generator().manual_seed(t)
+    return [
+        (torch.randn(4, 6, generator=g) * scale, torch.randn(4, 3, generator=g)) for _ in range(W)
+    ]
+
+
+def _params(sim: Simulator) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in sim.params])
+
+
+def test_dct_basis_is_orthonormal_and_invertible() -> None:
+    d = dct_matrix(16)
+    assert torch.allclose(d @ d.T, torch.eye(16), atol=1e-6)
+    x = torch.randn(2, 5 * 16)
+    for kind in ("dct", "identity"):
+        basis = ChunkBasis(kind, 16)
+        assert basis.forward(x).shape == (2, 5, 16)
+        assert torch.allclose(basis.inverse(basis.forward(x)), x, atol=1e-5)
+
+
+def test_generic_owner_code_reproduces_the_librarys_r0_step() -> None:
+    """R0 through the readings' owner code (identity basis, one chunk per shard) equals the
+    simulator's own SCAPE step, with and without error feedback."""
+    for ef in (False, True):
+        lib = Simulator(_model(), W, method="scape", hparams=HP,
+                        scape=ScapeConfig(density=0.1, error_feedback=ef))  # fmt: skip
+        gen = build_reading_simulator(
+            _model(), W, HP,
+            ReadingConfig(reading="owner", basis="identity", chunk=0, k=0, density=0.1,
+                          error_feedback=ef),
+        )  # fmt: skip
+        for t in range(15):
+            a, b = lib.step(_batches(t), _loss), gen.step(_batches(t), _loss)
+            assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        assert torch.allclose(_params(lib), _params(gen), atol=1e-5)
+
+
+def test_local_reading_sending_everything_is_its_dense_limit() -> None:
+    """k = C: every rank's moment is sent and emptied each step, so q is the mean gradient
+    and R6-rms is RMSprop (Adam with beta1 = 0), R6 with AdamS on q is dense AdamS."""
+    dense = {"reading": "local", "basis": "dct", "chunk": 8, "k": 8, "local_beta": 0.999}
+    hp = OptimizerHParams(lr=1e-2, weight_decay=0.1)  # the local readings do not clip
+    adams = Simulator(_model(), W, method="adams", hparams=hp)
+    r6adams = build_reading_simulator(_model(), W, hp, ReadingConfig(**dense, update="adams"))
+    r6rms = build_reading_simulator(_model(), W, hp, ReadingConfig(**dense, update="rms"))
+    ref = _model()
+    decay = [p.ndim >= 2 for p in ref.parameters()]
+    rmsprop = torch.optim.Adam(
+        [{"params": [p for p, d in zip(ref.parameters(), decay) if d], "weight_decay": 0.1},
+         {"params": [p for p, d in zip(ref.parameters(), decay) if not d], "weight_decay": 0.0}],
+        lr=HP.lr, betas=(0.0, 0.95), eps=HP.eps,
+    )  # fmt: skip
+    for t in range(10):
+        adams.step(_batches(t), _loss)
+        r6adams.step(_batches(t), _loss)
+        r6rms.step(_batches(t), _loss)
+        grads = [torch.zeros_like(p) for p in ref.parameters()]
+        for batch in _batches(t):
+            ref.zero_grad()
+            _loss(ref, batch).backward()
+            grads = [g + p.grad / W for g, p in zip(grads, ref.parameters())]
+        for p, g in zip(ref.parameters(), grads):
+            p.grad = g
+        with torch.no_grad():  # decoupled decay first, as the readings do
+            for p, d in zip(ref.parameters(), decay):
+                if d:
+                    p.mul_(1 - HP.lr * HP.weight_decay)
+        for group in rmsprop.param_groups:
+            group["weight_decay"] = 0.0
+        rmsprop.step()
+    ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    assert torch.allclose(_params(r6adams)[: ref_flat.numel()], _params(adams), atol=1e-5)
+    assert torch.allclose(_params(r6rms)[: ref_flat.numel()], ref_flat, atol=1e-5)
+
+
+def test_local_moments_conserve_gradient_mass_and_share_the_owners_mask() -> None:
+    """With local_beta = 1 nothing is lost: W * sum of q + the ranks' moments = every
+    gradient produced. Every chunk's mask is the top-k of its owner's own coefficients."""
+    cfg = ReadingConfig(reading="local", chunk=8, k=1, local_beta=1.0, update="sign",
+                        dense_warmup_steps=0, delay_mask=False)  # fmt: skip
+    sim = build_reading_simulator(_model(), W, HP, cfg)
+    assert isinstance(sim, LocalMomentSimulator)
+    produced = torch.zeros(sim.layout.total)
+    sent = torch.zeros(sim.layout.total)
+    original_apply = sim._apply
+
+    def record(q: torch.Tensor, lr: float) -> None:
+        sent.add_(q, alpha=W)
+        original_apply(q, lr)
+
+    sim._apply = record  # type: ignore[method-assign]
+    for t in range(8):
+        grads, _ = sim.worker_grads(_batches(t), _loss)
+        produced += sim._flat_grads(grads).sum(0)
+        before = sim.local_m.clone() + sim._flat_grads(grads)
+        sim._scape_step(grads, 0.0, HP.lr)
+        coefs = sim.basis.forward(before)
+        owner_rows = coefs[sim.owner_of_chunk, torch.arange(sim.n_chunks)]
+        expected = owner_rows.abs().topk(1, dim=-1).indices
+        assert torch.equal(sim.mask_idx.sort(-1).values, expected.sort(-1).values)
+    assert torch.allclose(sent + sim.local_m.sum(0), produced, atol=1e-4)
+
+
+def test_stale_replicas_match_the_owner_where_sent_and_stay_bounded() -> None:
+    cfg = ReadingConfig(reading="stale", basis="identity", chunk=0, k=0, density=0.25,
+                        age_weight=0.5)  # fmt: skip
+    sim = build_reading_simulator(_model(), W, HP, cfg)
+    for t in range(30):
+        sim.step(_batches(t), _loss)
+        owner = sim._owner_view()
+        S = sim.layout.total // W
+        for w in range(W):
+            assert torch.equal(sim.replicas[w, w * S : (w + 1) * S], owner[w * S : (w + 1) * S])
+    assert 0 < sim.max_staleness < 30  # the age term forces every entry out eventually
+    assert sim.replica_gap < 0.5
+
+
+@pytest.mark.parametrize("reading", ["local", "owner", "stale"])
+def test_a_non_finite_gradient_changes_nothing(reading: str) -> None:
+    opts = {"basis": "identity", "chunk": 0, "k": 0} if reading == "stale" else {}
+    sim = build_reading_simulator(_model(), W, HP, ReadingConfig(reading=reading, **opts))
+    for t in range(3):
+        sim.step(_batches(t), _loss)
+    before = _params(sim).clone()
+    bad = _batches(9)
+    bad[1] = (bad[1][0] * float("inf"), bad[1][1])
+    assert sim.step(bad, _loss).skipped
+    assert torch.equal(_params(sim), before)
+
+
+def test_bad_options_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="reading='nope'"):
+        ReadingConfig(reading="nope")
+    with pytest.raises(ValueError, match="update='x'"):
+        ReadingConfig(update="x")
