@@ -9,17 +9,14 @@ reduce-scatter of N params costs 2N per rank).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
     "ByteCounter",
     "SparseCommunicator",
-    "bucket_positions",
     "ring_bytes_per_rank",
 ]
 
@@ -52,17 +49,11 @@ class ByteCounter:
         return float(sum(self.totals.values()))
 
 
-def bucket_positions(masks: Sequence[Tensor], shard_size: int) -> Tensor:
-    """Shard-major positions in a bucket: [m_0, S + m_1, 2S + m_2, ...]. Shape (W*k,)."""
-    return torch.cat([m + j * shard_size for j, m in enumerate(masks)])
-
-
 class SparseCommunicator:
     """The collectives of one SCAPE step over ``group``; every call counts its bytes.
 
-    Values are packed shard-major (k per shard), so the reduce-scatter hands owner r the
-    k reduced values of its own shard and no indices travel with them: every rank already
-    holds the same masks.
+    Values are packed shard-major at masks every rank already holds, so no indices travel
+    with them; the masks themselves travel once, a step ahead, in their own all-gather.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, counter: ByteCounter | None = None):
@@ -99,6 +90,17 @@ class SparseCommunicator:
             out, local.contiguous(), group=self.group, async_op=async_op
         )
         return out, work
+
+    def all_reduce_values(
+        self, payload: Tensor, *, async_op: bool = False
+    ) -> tuple[Tensor, dist.Work | None]:
+        """In-place sum of the packed values: the one synchronized sparse buffer. Booked as a
+        ring all-reduce is made, half reduce-scatter (gradient sync) and half all-gather (what
+        the abstract calls parameter reconstruction)."""
+        self._count(GRAD_VALUES, payload)
+        self._count(PARAM_VALUES, payload)
+        work = dist.all_reduce(payload, group=self.group, async_op=async_op)
+        return payload, work
 
     def all_gather_masks(
         self, payload: Tensor, *, async_op: bool = True

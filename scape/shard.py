@@ -1,17 +1,24 @@
 """The SCAPE step for one bucket, as pure functions over tensors (no process group).
 
-The simulator calls these for every worker and owner in one process; the Megatron adapter
-calls the same functions for its own rank, with real collectives in between. Anything that
-changes numbers lives here, so oracle and product can only differ in transport.
+The simulator calls these for every worker in one process; the Megatron adapter calls the
+same functions for its own rank, with a real all-reduce in between. Anything that changes
+numbers lives here, so oracle and product can only differ in transport.
 
-Buffers per rank (shapes for one bucket of W shards of S entries each; k per shard):
-  residual (W*S,) fp32  gradient mass this rank has not sent yet (error feedback)
-  grad     (W*S,)       this step's fresh local gradient
-Per owner (its shard only):
-  param (S,) fp32 main params, exp_avg (S,), age (S,) int32, mask (k,) int64 sorted.
+One step, per rank r, for a bucket of W shards of S entries (shard j owned by rank j):
 
-The residual is kept apart from the fresh gradient and only committed once the step is
-known to be finite, so a skipped step leaves residuals, m and masks untouched.
+1. ``candidate = moment_beta * m_r + g_r``: the rank's first moment with this step's fresh
+   gradient, every entry (W*S,). Not committed until the step is known to be finite.
+2. ``pack``: in shard j, the coefficients of the candidate at shard j's mask (chosen by rank
+   j at the end of the last step, and known to every rank since), divided by W, in the wire
+   dtype: (W*n,), n = coefficients selected per shard. All ranks' packs are summed in ONE
+   all-reduce: the one synchronized sparse buffer. No indices travel with the values.
+3. ``commit_moment_``: the rank removes what it sent from its candidate, which becomes m_r.
+4. ``decode``: every rank turns the summed buffer into the same dense q (W*S,).
+5. every rank steps every entry with q (``rms_update_`` or ``sign_update_``) after
+   decoupled weight decay, so replicas stay identical with no parameter all-gather.
+6. ``owner_mask``: rank j's mask of shard j for the next step, from its committed m_j.
+
+During the dense warm-up the candidate travels whole (identity basis) and m_r is emptied.
 """
 
 from __future__ import annotations
@@ -19,141 +26,109 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scape.adams import adams_update_
-from scape.config import ScapeConfig
-from scape.masks import mask_generator, mask_scores, num_selected, select_mask
+from scape.basis import ShardBasis
 
 __all__ = [
     "WIRE_DTYPES",
-    "clip_coefficient",
-    "commit_residual_",
-    "next_mask",
-    "owner_update_",
-    "pack_values",
-    "update_age_",
+    "accumulate",
+    "commit_moment_",
+    "decode",
+    "owner_mask",
+    "pack",
+    "rms_update_",
+    "sign_update_",
 ]
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def pack_values(
-    residual: Tensor, grad: Tensor, positions: Tensor, *, world_size: int, value_dtype: str
+def accumulate(moment: Tensor, grad: Tensor, beta: float) -> Tensor:
+    """``beta * moment + grad`` as a new tensor (the moment itself is left as it was)."""
+    return torch.add(grad, moment, alpha=beta)
+
+
+def pack(
+    basis: ShardBasis | None,
+    candidate: Tensor,
+    masks: Tensor | None,
+    *,
+    world_size: int,
+    value_dtype: str,
 ) -> Tensor:
-    """Values this rank sends: (residual + grad)[positions] / W, in the wire dtype. (W*k,)
+    """This rank's contribution to the shared buffer: (W*n,) in the wire dtype.
 
-    Scaling by 1/W before the sum-reduce (as Megatron's DDP does) makes the reduce a mean;
-    only the packed values are scaled, never the buffers, or the residual would shrink.
+    ``candidate`` (W*S,) is the bucket; ``masks`` (W, n) the shards' masks; ``basis`` None
+    (dense warm-up) sends every entry as it is. Values are scaled by 1/W before the sum, as
+    Megatron's DDP scales gradients, so the all-reduce yields a mean.
     """
-    packed = residual[positions] + grad[positions]
-    return packed.mul_(1.0 / world_size).to(WIRE_DTYPES[value_dtype])
+    if basis is None:
+        values = candidate.clone()
+    else:
+        values = basis.gather(candidate.view(world_size, -1), masks).reshape(-1)
+    return values.mul_(1.0 / world_size).to(WIRE_DTYPES[value_dtype])
 
 
-def commit_residual_(
-    residual: Tensor,
-    grad: Tensor,
-    positions: Tensor,
+def commit_moment_(
+    moment: Tensor,
+    candidate: Tensor,
+    basis: ShardBasis | None,
+    masks: Tensor | None,
     wire: Tensor,
     *,
     world_size: int,
-    error_feedback: bool,
 ) -> None:
-    """After an accepted step: residual += grad, minus what was sent.
+    """After an accepted step: ``m_r = candidate - what this rank sent``.
 
-    With an fp32 wire the sent entries become exactly zero. With a narrower wire the
-    rounding error of the cast stays behind, so no gradient mass is lost to it either.
-    Without error feedback the unsent mass is dropped (the ablation).
+    What was sent is read back from the wire (times W), so a narrower wire's rounding error
+    stays in the moment. In the dense warm-up everything was sent: the moment is emptied.
     """
-    if not error_feedback:
+    if basis is None:
+        if wire.dtype == torch.float32:
+            moment.zero_()
+        else:
+            torch.sub(candidate, wire.float() * world_size, out=moment)
         return
-    residual.add_(grad)
-    if wire.dtype == torch.float32:
-        residual[positions] = 0.0
-    else:
-        residual[positions] -= wire.float() * world_size
+    sent = wire.float().mul_(world_size).view(world_size, -1)
+    removed = basis.synthesize(sent, masks).reshape(-1)
+    torch.sub(candidate, removed, out=moment)
 
 
-def clip_coefficient(total_norm: Tensor, max_norm: float | None) -> Tensor | None:
-    """Megatron's rule: scale by max_norm / (norm + 1e-6) when that is below 1."""
-    if max_norm is None or max_norm <= 0:
-        return None
-    coeff = max_norm / (total_norm + 1.0e-6)
-    return coeff if coeff < 1.0 else None
+def decode(
+    basis: ShardBasis | None, masks: Tensor | None, synced: Tensor, world_size: int
+) -> Tensor:
+    """The dense q (W*S,) of the summed buffer ``synced`` (W*n,), fp32, the same on every rank."""
+    synced = synced.float()
+    if basis is None:
+        return synced
+    return basis.synthesize(synced.view(world_size, -1), masks).reshape(-1)
 
 
-def owner_update_(
+def rms_update_(
     param: Tensor,
-    exp_avg: Tensor,
-    mask: Tensor,
-    synced_grad: Tensor,
+    second_moment: Tensor,
+    q: Tensor,
     *,
     step: int,
     lr: float,
-    beta1: float,
-    beta2: float,
+    beta: float,
     eps: float,
-    off_mask_momentum: str = "freeze",
-) -> Tensor:
-    """Masked AdamS on one owner's shard; returns the k updated params to all-gather.
+) -> None:
+    """``v <- b v + (1 - b) q^2``; ``p -= lr * q / (sqrt(v / (1 - b^step)) + eps)``.
 
-    Weight decay is not applied here: every rank applies it to all entries itself
-    (:func:`scape.adams.apply_weight_decay_`) before this call.
+    The second moment is rebuilt from the synchronized buffer alone (C4 of the abstract).
+    ``step`` counts the accepted updates, 1-based.
     """
-    sub_param = param[mask]
-    sub_exp_avg = exp_avg[mask]
-    if off_mask_momentum == "decay" and mask.numel() < exp_avg.numel():
-        exp_avg.mul_(beta1)
-    adams_update_(
-        sub_param,
-        sub_exp_avg,
-        synced_grad.float(),
-        step=step,
-        lr=lr,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-    )
-    param[mask] = sub_param
-    exp_avg[mask] = sub_exp_avg
-    return sub_param
+    second_moment.mul_(beta).addcmul_(q, q, value=1.0 - beta)
+    denom = torch.div(second_moment, 1.0 - beta**step).sqrt_().add_(eps)
+    param.addcdiv_(q, denom, value=-lr)
 
 
-def update_age_(age: Tensor, mask: Tensor) -> None:
-    """Steps since each entry was last sent: +1 everywhere, 0 where just sent."""
-    age.add_(1)
-    age[mask] = 0
+def sign_update_(param: Tensor, q: Tensor, *, lr: float) -> None:
+    """``p -= lr * sign(q)`` (DeMo's update)."""
+    param.add_(q.sign(), alpha=-lr)
 
 
-def next_mask(
-    config: ScapeConfig,
-    *,
-    exp_avg: Tensor,
-    local_accum: Tensor,
-    age: Tensor,
-    step: int,
-    shard_id: int,
-) -> Tensor:
-    """The owner's mask for its shard, exactly k sorted indices.
-
-    ``step`` is the step the mask will be used at; ``shard_id`` is unique per
-    (bucket, shard), so random draws depend on neither rank nor process.
-    """
-    shard_size = exp_avg.numel()
-    k = num_selected(shard_size, config.density)
-    needs_generator = config.statistic == "random" or config.selection == "sampled_threshold"
-    generator = mask_generator(config.seed, step, shard_id) if needs_generator else None
-    scores = mask_scores(
-        config.statistic,
-        exp_avg=exp_avg,
-        local_accum=local_accum,
-        age=age,
-        residual_weight=config.residual_weight,
-        age_weight=config.age_weight,
-        generator=generator,
-    )
-    return select_mask(
-        scores,
-        k,
-        selection=config.selection,
-        sample_size=config.threshold_sample_size,
-        generator=generator,
-    )
+def owner_mask(basis: ShardBasis, moment_shard: Tensor) -> Tensor:
+    """The owner's mask of its shard for the next step: top-k |coefficients| per chunk of its
+    own first moment (C1: first-moment statistics; C2: made by the shard's owner)."""
+    return basis.select(moment_shard)

@@ -3,17 +3,17 @@ fast vehicle for quality studies.
 
 All replicas of a data-parallel run hold bit-identical params, so the simulator keeps one
 model and runs each worker's forward/backward on it in turn. What differs per worker is
-real state: its fresh gradient and (SCAPE) its unsent residual. Owners' state (fp32 params,
-``exp_avg``, age) is kept in full-length flat tensors; owner r's state is the slice of its
-shard in each bucket. Collectives become sums in rank order.
+real state: its fresh gradient and (SCAPE) its own first moment. The all-reduce becomes a
+sum in rank order, in the wire dtype, as gloo sums it.
 
 Methods: ``adamw`` (torch.optim.AdamW) and ``adams`` (scape.AdamS) on the averaged
-gradient, the dense references; ``scape`` the sparse step of the reference doc, built from
-``scape.shard`` exactly as the Megatron adapter is.
+gradient, the dense references; ``scape`` the sparse step, built from ``scape.shard``
+exactly as the Megatron adapter is.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,22 +21,30 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from scape.adams import AdamS, apply_weight_decay_
+from scape.adams import AdamS
+from scape.basis import ShardBasis
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, SCALARS, ring_bytes_per_rank
 from scape.config import ScapeConfig
-from scape.encoding import encoded_nbytes
 from scape.layout import FlatLayout
-from scape.masks import num_selected
 from scape.shard import (
-    clip_coefficient,
-    commit_residual_,
-    next_mask,
-    owner_update_,
-    pack_values,
-    update_age_,
+    WIRE_DTYPES,
+    accumulate,
+    commit_moment_,
+    decode,
+    owner_mask,
+    pack,
+    rms_update_,
+    sign_update_,
 )
 
-__all__ = ["METHODS", "OptimizerHParams", "Simulator", "StepResult", "default_decay_filter"]
+__all__ = [
+    "METHODS",
+    "OptimizerHParams",
+    "clip_coefficient",
+    "Simulator",
+    "StepResult",
+    "default_decay_filter",
+]
 
 METHODS = ("adamw", "adams", "scape")
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -45,6 +53,14 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 def default_decay_filter(name: str, param: Tensor) -> bool:
     """Decay matrices, not biases, norms or other vectors (GPT-2 / Megatron convention)."""
     return param.ndim >= 2
+
+
+def clip_coefficient(total_norm: Tensor, max_norm: float | None) -> Tensor | None:
+    """Megatron's rule: scale by max_norm / (norm + 1e-6) when that is below 1."""
+    if max_norm is None or max_norm <= 0:
+        return None
+    coeff = max_norm / (total_norm + 1.0e-6)
+    return coeff if coeff < 1.0 else None
 
 
 @dataclass(frozen=True)
@@ -63,9 +79,8 @@ class StepResult:
     grad_norm: float
     skipped: bool
     bytes: dict[str, float] = field(default_factory=dict)  # per rank, this step, by kind
-    mask_overlap: float | None = None  # |M_t ∩ M_{t+1}| / k, averaged over shards
-    residual_norm: float | None = None  # norm of all workers' residuals together
-    max_age: int | None = None  # steps the oldest unsent entry has waited
+    mask_overlap: float | None = None  # |M_t ∩ M_{t+1}| / n, over all shards
+    moment_norm: float | None = None  # norm of all workers' first moments together
 
 
 class Simulator:
@@ -112,31 +127,42 @@ class Simulator:
 
     # ---------------------------------------------------------------- SCAPE state
     def _init_scape(self, layout: FlatLayout | None) -> None:
-        W = self.world_size
-        self.layout = layout or FlatLayout.contiguous([p.numel() for p in self.params], W)
-        if self.layout.world_size != W or len(self.layout.param_offsets) != len(self.params):
-            raise ValueError("layout does not match the model's parameters or world size")
+        W, cfg = self.world_size, self.scape
+        self.bind_flat_params(layout or FlatLayout.contiguous([p.numel() for p in self.params], W))
         total = self.layout.total
-        # Params become views of one flat fp32 buffer, as in Megatron's param buffer.
-        self.flat_param = torch.zeros(total)
-        for p, off in zip(self.params, self.layout.param_offsets, strict=True):
+        self.bases = [
+            ShardBasis(self.layout.shard_size(b), cfg.chunk, cfg.k)
+            for b in range(len(self.layout.buckets))
+        ]
+        self.moment = torch.zeros(W, total)  # each worker's own first moment
+        self.second_moment = torch.zeros(total) if cfg.update == "rms" else None
+        self.updates = 0  # accepted steps (the rebuilt second moment's bias correction)
+        # masks[b]: (W, n) the shards' masks for the coming step; None before the first
+        self.masks: list[Tensor] | None = None
+        self.last_used_masks: list[Tensor] | None = None  # for tests and studies
+        self.last_q: Tensor | None = None
+
+    def bind_flat_params(self, layout: FlatLayout) -> None:
+        """Make the params views of one flat fp32 buffer laid out as ``layout`` (as in
+        Megatron's param buffer), with a boolean mask of the entries weight decay applies to."""
+        if layout.world_size != self.world_size or len(layout.param_offsets) != len(self.params):
+            raise ValueError("layout does not match the model's parameters or world size")
+        self.layout = layout
+        self.flat_param = torch.zeros(layout.total)
+        self.decay_mask = torch.zeros(layout.total, dtype=torch.bool)
+        for p, off, d in zip(self.params, layout.param_offsets, self.decays, strict=True):
             self.flat_param[off : off + p.numel()].copy_(p.detach().view(-1))
             p.data = self.flat_param[off : off + p.numel()].view_as(p)
-        self.exp_avg = torch.zeros(total)
-        self.age = torch.zeros(total, dtype=torch.int32)
-        self.residual = torch.zeros(W, total)
-        # masks[b][j]: the mask of shard j of bucket b used at the current step (None: dense)
-        self.masks: list[list[Tensor]] | None = None
-        self.last_used_masks: list[list[Tensor]] | None = None  # for tests and studies
-        self.last_sent: Tensor | None = None  # (total,) gradient mass sent at the last step
+            self.decay_mask[off : off + p.numel()] = d
 
-    def _shard(self, bucket: int, j: int) -> slice:
-        start, _ = self.layout.buckets[bucket]
-        s = self.layout.shard_size(bucket)
-        return slice(start + j * s, start + (j + 1) * s)
-
-    def _shard_id(self, bucket: int, j: int) -> int:
-        return bucket * self.world_size + j
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a SCAPE step reads besides params: for checkpoints and tests."""
+        return {
+            "moment": self.moment.clone(),
+            "second_moment": None if self.second_moment is None else self.second_moment.clone(),
+            "updates": self.updates,
+            "masks": None if self.masks is None else [m.clone() for m in self.masks],
+        }
 
     # ---------------------------------------------------------------- one step
     def worker_grads(
@@ -214,150 +240,103 @@ class Simulator:
                 flat[w, off : off + g.numel()] = g.view(-1)
         return flat
 
-    def _compute_masks(self, step: int, local_accum: Tensor) -> list[list[Tensor]]:
-        """Every owner's mask for ``step``; ``local_accum`` (W, total) is each rank's buffer."""
-        return [
-            [
-                next_mask(
-                    self.scape,
-                    exp_avg=self.exp_avg[self._shard(b, j)],
-                    local_accum=local_accum[j, self._shard(b, j)],
-                    age=self.age[self._shard(b, j)],
-                    step=step,
-                    shard_id=self._shard_id(b, j),
-                )
-                for j in range(self.world_size)
-            ]
-            for b in range(len(self.layout.buckets))
-        ]
-
-    def _mask_bytes(self) -> float:
-        total = 0.0
-        for b in range(len(self.layout.buckets)):
+    def _owner_masks(self, statistic: Tensor) -> list[Tensor]:
+        """Every owner's mask of its shard of every bucket, from its own row of ``statistic``
+        (W, total). (W, n) each."""
+        masks = []
+        for b, (start, _end) in enumerate(self.layout.buckets):
             s = self.layout.shard_size(b)
-            nbytes = encoded_nbytes(
-                s, num_selected(s, self.scape.density), self.scape.mask_encoding
+            masks.append(
+                torch.stack(
+                    [
+                        owner_mask(self.bases[b], statistic[j, start + j * s : start + (j + 1) * s])
+                        for j in range(self.world_size)
+                    ]
+                )
             )
-            total += ring_bytes_per_rank(nbytes * self.world_size, self.world_size)
-        return total
+        return masks
+
+    def bytes_per_step(self, dense: bool) -> dict[str, float]:
+        """Per rank: the all-reduce of each bucket's values and its finite flag (booked as its
+        reduce-scatter and all-gather halves) and the all-gather of the next step's masks (one
+        byte per selected coefficient)."""
+        W, cfg = self.world_size, self.scape
+        size = torch.empty((), dtype=WIRE_DTYPES[cfg.value_dtype]).element_size()
+        if dense:
+            values = self.layout.total + len(self.bases)
+            masks = 0
+        else:
+            values = sum(W * basis.num_selected + 1 for basis in self.bases)
+            masks = sum(W * basis.num_selected for basis in self.bases)
+        return {
+            GRAD_VALUES: ring_bytes_per_rank(values * size, W),
+            PARAM_VALUES: ring_bytes_per_rank(values * size, W),
+            MASKS: ring_bytes_per_rank(masks, W),
+            SCALARS: 0.0,
+        }
 
     def _scape_step(self, grads: list[list[Tensor]], loss: float, lr: float) -> StepResult:
         cfg, W, hp = self.scape, self.world_size, self.hp
         t = self.step_count + 1
+        self.step_count = t
         fresh = self._flat_grads(grads)
-        dense = t <= cfg.dense_warmup_steps
-        bytes_: dict[str, float] = {
-            GRAD_VALUES: 0.0,
-            PARAM_VALUES: 0.0,
-            MASKS: 0.0,
-            # The norm scalar travels as float64 so every rank sums it exactly as here.
-            SCALARS: 2 * ring_bytes_per_rank(8, W),
-        }
-        if not dense and (not cfg.delay_mask or self.masks is None):
-            # Without the delay the mask is made now, from this step's local buffers, and
-            # its exchange sits on the critical path before the reduce-scatter. (With the
-            # delay this happens only after a skipped last warm-up step left no mask.)
-            self.masks = self._compute_masks(t, self.residual + fresh)
-        if not dense:
-            bytes_[MASKS] = self._mask_bytes()
-        used_masks: list[list[Tensor]] = []
-        positions, wires, synced = [], [], []
-        for b, (start, _end) in enumerate(self.layout.buckets):
-            s = self.layout.shard_size(b)
-            masks_b = [torch.arange(s) for _ in range(W)] if dense else self.masks[b]
-            used_masks.append(masks_b)
-            pos = torch.cat([m + start + j * s for j, m in enumerate(masks_b)])
-            wire_w = [
-                pack_values(
-                    self.residual[w], fresh[w], pos, world_size=W, value_dtype=cfg.value_dtype
-                )
+        dense = t <= cfg.dense_warmup_steps or self.masks is None
+        bytes_ = self.bytes_per_step(dense)
+        cand = accumulate(self.moment, fresh, cfg.moment_beta)
+        wires, qs = [], []
+        for b, (start, end) in enumerate(self.layout.buckets):
+            basis = None if dense else self.bases[b]
+            masks = None if dense else self.masks[b]
+            wire = [
+                pack(basis, cand[w, start:end], masks, world_size=W, value_dtype=cfg.value_dtype)
                 for w in range(W)
             ]
-            acc = wire_w[0]
+            synced = wire[0]
             for w in range(1, W):
-                acc = acc + wire_w[w]
-            positions.append(pos)
-            wires.append(wire_w)
-            synced.append(acc.float())
-            bytes_[GRAD_VALUES] += ring_bytes_per_rank(acc.numel() * acc.element_size(), W)
-            bytes_[PARAM_VALUES] += ring_bytes_per_rank(
-                pos.numel() * self.flat_param.element_size(), W
-            )
-
-        # Global norm of what was synchronized: each owner's sum of squares, summed in rank order.
-        k_of = [m[0].numel() for m in used_masks]
-        owner_sq = [
-            sum(
-                (
-                    synced[b][j * k_of[b] : (j + 1) * k_of[b]].double().square().sum()
-                    for b in range(len(synced))
-                ),
-                torch.zeros((), dtype=torch.float64),
-            )
-            for j in range(W)
-        ]
-        norm = torch.sqrt(sum(owner_sq[1:], owner_sq[0])).float()
-        # An unsent non-finite entry would poison a residual for good: any rank's non-finite
-        # fresh gradient makes every rank skip (the adapter folds it into the norm scalar).
-        if not bool(torch.isfinite(fresh).all()):
-            norm = torch.tensor(float("nan"))
-        self.step_count = t
-        if not torch.isfinite(norm):
-            # Nothing committed: residuals, m, age and masks stay as they were.
-            return StepResult(t, loss, float(norm), True, bytes_)
-        coeff = clip_coefficient(norm, hp.max_grad_norm)
-        self.last_used_masks = used_masks
-        # What left the ranks (the sum of their wire values); a bf16 wire also rounds
-        # the sum itself, an error no rank holds and error feedback cannot keep.
-        self.last_sent = torch.zeros(self.layout.total)
-        for pos, wire_w in zip(positions, wires, strict=True):
-            self.last_sent[pos] = sum(w.float() for w in wire_w) * W
+                synced = synced + wire[w]  # the all-reduce, in rank order and the wire dtype
+            wires.append(wire)
+            qs.append(decode(basis, masks, synced, W))
+        q = torch.cat(qs)
+        norm = float(q.double().norm())
+        # Any rank's non-finite gradient makes every rank skip (the adapter sends a flag
+        # with the values); nothing is committed, so the next step starts from intact moments.
+        if not (bool(torch.isfinite(cand).all()) and math.isfinite(norm)):
+            return StepResult(t, loss, float("nan"), True, bytes_)
         for b, (start, end) in enumerate(self.layout.buckets):
             for w in range(W):
-                # Per bucket slices: the fresh gradient must be added once, not once per bucket.
-                commit_residual_(
-                    self.residual[w, start:end],
-                    fresh[w, start:end],
-                    positions[b] - start,
-                    wires[b][w],
-                    world_size=W,
-                    error_feedback=cfg.error_feedback,
-                )
-        # Every rank decays all its params locally (a scalar per param group, no traffic).
-        for p, decays in zip(self.params, self.decays, strict=True):
-            if decays:
-                apply_weight_decay_(p.data, lr=lr, weight_decay=hp.weight_decay)
-        overlaps = []
-        for b in range(len(self.layout.buckets)):
-            k = k_of[b]
-            for j in range(W):
-                shard = self._shard(b, j)
-                g = synced[b][j * k : (j + 1) * k]
-                if coeff is not None:
-                    g = g * coeff
-                owner_update_(
-                    self.flat_param[shard], self.exp_avg[shard], used_masks[b][j], g,
-                    step=t, lr=lr, beta1=hp.betas[0], beta2=hp.betas[1], eps=hp.eps,
-                    off_mask_momentum=cfg.off_mask_momentum,
+                commit_moment_(
+                    self.moment[w, start:end], cand[w, start:end],
+                    None if dense else self.bases[b], None if dense else self.masks[b],
+                    wires[b][w], world_size=W,
                 )  # fmt: skip
-                update_age_(self.age[shard], used_masks[b][j])
-        if cfg.delay_mask and t >= cfg.dense_warmup_steps:
-            new_masks = self._compute_masks(t + 1, self.residual)
-            if not dense:
-                for b in range(len(new_masks)):
-                    for j in range(W):
-                        inter = torch.isin(new_masks[b][j], used_masks[b][j]).sum().item()
-                        overlaps.append(inter / new_masks[b][j].numel())
+        self.last_used_masks = None if dense else self.masks
+        self.last_q = q  # the decoded buffer every rank stepped with (tests, studies)
+        if hp.weight_decay:
+            self.flat_param[self.decay_mask] *= 1.0 - lr * hp.weight_decay
+        self.updates += 1
+        if cfg.update == "rms":
+            rms_update_(self.flat_param, self.second_moment, q, step=self.updates, lr=lr,
+                        beta=cfg.second_moment_beta, eps=hp.eps)  # fmt: skip
+        else:
+            sign_update_(self.flat_param, q, lr=lr)
+        overlap = None
+        if t >= cfg.dense_warmup_steps:
+            # After a dense step the moments are empty: the next masks come from what was
+            # just sent in full (the candidates), otherwise from the committed moments.
+            new_masks = self._owner_masks(cand if dense else self.moment)
+            if self.last_used_masks is not None:
+                overlap = _overlap(self.last_used_masks, new_masks)
             self.masks = new_masks
-        elif not cfg.delay_mask and t == cfg.dense_warmup_steps:
-            self.masks = None
-        return StepResult(
-            t,
-            loss,
-            float(norm),
-            False,
-            bytes_,
-            mask_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
-            residual_norm=float(self.residual.norm()),
-            max_age=int(self.age.max()),
-        )
+        return StepResult(t, loss, norm, False, bytes_, mask_overlap=overlap,
+                          moment_norm=float(self.moment.norm()))  # fmt: skip
+
+
+def _overlap(before: list[Tensor], after: list[Tensor]) -> float:
+    """Fraction of selected (chunk, offset) pairs kept from one mask to the next. Masks are
+    sorted within each chunk, so equal sets compare position by position only when k = 1;
+    in general each chunk's sets are compared."""
+    kept = total = 0
+    for a, b in zip(before, after, strict=True):
+        kept += int((a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1).sum())
+        total += b.numel()
+    return kept / total

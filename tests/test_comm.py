@@ -1,90 +1,68 @@
-"""The communicator over real gloo groups: same values and byte counts as the simulator's sums."""
+"""The communicator over real gloo groups: the same sums and byte counts as the simulator's."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from scape.comm import SparseCommunicator, bucket_positions, ring_bytes_per_rank
-from scape.encoding import decode_mask, encode_mask, encoded_nbytes
-from scape.masks import num_selected, select_topk
-from scape.shard import pack_values
+from scape.basis import ShardBasis
+from scape.comm import SparseCommunicator, ring_bytes_per_rank
+from scape.shard import pack
 from scape.testing import run_distributed
 
-SHARD, DENSITY = 1000, 0.05
+SHARD, CHUNK, K = 1000, 100, 2
 
 
-def rank_buffers(rank, world_size):
-    gen = torch.Generator().manual_seed(100 + rank)
-    n = world_size * SHARD
-    return torch.randn(n, generator=gen), torch.randn(n, generator=gen)  # residual, grad
+def rank_candidate(rank, world_size):
+    return torch.randn(world_size * SHARD, generator=torch.Generator().manual_seed(100 + rank))
 
 
-def shared_masks(world_size):
+def owner_masks(world_size):
+    """Each shard's mask, as its owner would make it (the same on every rank)."""
+    basis = ShardBasis(SHARD, CHUNK, K)
     gen = torch.Generator().manual_seed(7)
-    k = num_selected(SHARD, DENSITY)
-    return [select_topk(torch.rand(SHARD, generator=gen), k) for _ in range(world_size)]
+    return basis, torch.stack(
+        [basis.select(torch.randn(SHARD, generator=gen)) for _ in range(world_size)]
+    )
 
 
 def _exchange(rank, world_size):
-    return {enc: _exchange_once(rank, world_size, enc) for enc in ("int32", "offset16", "bitmap")}
-
-
-def _exchange_once(rank, world_size, encoding):
     comm = SparseCommunicator()
-    residual, grad = rank_buffers(rank, world_size)
-    masks = shared_masks(world_size)
-    wire = pack_values(
-        residual, grad, bucket_positions(masks, SHARD), world_size=world_size, value_dtype="float32"
-    )
-    reduced, _ = comm.reduce_scatter(wire)
-    gathered, _ = comm.all_gather(reduced * 2)
-    # The owner encodes its own mask; everyone decodes everyone's.
-    payload = encode_mask(masks[rank], SHARD, encoding)
-    all_payloads, work = comm.all_gather_masks(payload)
+    basis, masks = owner_masks(world_size)
+    wire = pack(basis, rank_candidate(rank, world_size), masks, world_size=world_size,
+                value_dtype="float32")  # fmt: skip
+    summed, _ = comm.all_reduce_values(wire.clone())
+    # The owner sends its own mask (one byte per offset); everyone receives everyone's.
+    gathered, work = comm.all_gather_masks(masks[rank].to(torch.uint8))
     work.wait()
-    n = payload.numel()
-    decoded = [
-        decode_mask(all_payloads[j * n : (j + 1) * n], SHARD, masks[j].numel(), encoding)
-        for j in range(world_size)
-    ]
-    return reduced, gathered, decoded, comm.counter.snapshot(), dist.get_backend()
+    return summed, gathered.view(world_size, -1).long(), comm.counter.snapshot(), dist.get_backend()
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_sparse_exchange_matches_single_process_sums(world_size):
-    per_rank = run_distributed(_exchange, world_size, timeout_s=120)
-    for encoding in ("int32", "offset16", "bitmap"):
-        _check(world_size, encoding, [r[encoding] for r in per_rank])
-
-
-def _check(world_size, encoding, results):
-    masks = shared_masks(world_size)
-    positions = bucket_positions(masks, SHARD)
+def test_one_all_reduce_and_the_mask_all_gather_match_single_process_sums(world_size):
+    results = run_distributed(_exchange, world_size, timeout_s=120)
+    basis, masks = owner_masks(world_size)
     wires = [
-        pack_values(
-            *rank_buffers(r, world_size), positions, world_size=world_size, value_dtype="float32"
+        pack(
+            basis,
+            rank_candidate(r, world_size),
+            masks,
+            world_size=world_size,
+            value_dtype="float32",
         )
         for r in range(world_size)
     ]
     expected = wires[0]
     for w in wires[1:]:
-        expected = expected + w
-    k = masks[0].numel()
-    for rank, (reduced, gathered, decoded, counts, backend) in enumerate(results):
+        expected = expected + w  # the simulator's sum, in rank order
+    n = world_size * basis.num_selected
+    ring = (world_size - 1) / world_size
+    for summed, gathered, counts, backend in results:
         assert backend == "gloo"
-        chunk = expected[rank * k : (rank + 1) * k]
         if world_size == 2:
-            assert torch.equal(reduced, chunk)  # a + b is exact whichever rank adds
-        else:
-            # gloo may add 4 terms in another order than rank order: float rounding only.
-            torch.testing.assert_close(reduced, chunk, rtol=1e-6, atol=1e-6)
-        assert torch.equal(gathered, torch.cat([r[0] * 2 for r in results]))
-        assert all(torch.equal(a, b) for a, b in zip(decoded, masks, strict=True))
-        ring = (world_size - 1) / world_size
-        assert (
-            counts["grad_values"]
-            == ring * world_size * k * 4
-            == ring_bytes_per_rank(world_size * k * 4, world_size)
-        )
-        assert counts["param_values"] == ring * world_size * k * 4
-        assert counts["masks"] == ring * world_size * encoded_nbytes(SHARD, k, encoding)
+            assert torch.equal(summed, expected)  # a + b is exact whichever rank adds
+        else:  # gloo may add 4 terms in another order than rank order: rounding only
+            torch.testing.assert_close(summed, expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(gathered, masks)
+        assert counts["grad_values"] == counts["param_values"] == ring * n * 4
+        assert counts["grad_values"] == ring_bytes_per_rank(n * 4, world_size)
+        assert counts["masks"] == ring * n  # one byte per selected coefficient

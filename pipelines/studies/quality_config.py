@@ -16,7 +16,8 @@ from typing import Any
 from omegaconf import MISSING
 
 from scape.config import ScapeConfig
-from scape.simulate import METHODS
+
+METHODS = ("adamw", "adams", "scape", "reading")
 
 __all__ = [
     "ModelSpec",
@@ -65,36 +66,37 @@ class ScaleConfig:
 
 @dataclass
 class VariantSpec:
-    """One optimizer setting. ``method`` is a Simulator method; the rest is SCAPE's config.
+    """One optimizer setting.
 
-    ``core`` variants run with every seed of the study, ablations with ``ablation_seeds``.
+    ``method``: ``adamw`` / ``adams`` (dense references), ``scape`` (the library's step,
+    ``options`` are :class:`scape.config.ScapeConfig` fields) or ``reading`` (a study-only
+    reading of the abstract, ``options`` are :class:`pipelines.studies.readings.ReadingConfig`
+    fields). ``core`` variants run with every seed of the study, the others with
+    ``ablation_seeds``.
     """
 
     method: str = MISSING
     core: bool = False
-    density: float = 1.0
-    statistic: str = "momentum"
-    residual_weight: float = 1.0
-    age_weight: float = 0.0
-    delay_mask: bool = True
-    error_feedback: bool = True
-    off_mask_momentum: str = "freeze"
-    dense_warmup_steps: int = 1
-    # A study-only reading of the abstract (pipelines.readings.ReadingConfig's fields, with
-    # ``reading`` naming it); empty: the simulator's own method above.
-    reading: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # legend / table text; the variant's key when empty
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}: use one of {', '.join(METHODS)}")
+        if self.method in ("adamw", "adams") and self.options:
+            raise ValueError(f"the dense method {self.method!r} takes no options")
 
     def exchanged_density(self) -> float:
         """Fraction of values exchanged per step (1 for the dense methods)."""
-        if self.method != "scape":
-            return 1.0
-        if not self.reading:
-            return self.density
-        chunk, k = self.reading.get("chunk", 64), self.reading.get("k", 1)
-        if chunk == 0 or k == 0:
-            return self.reading.get("density", 0.01)
-        return k / chunk
+        if self.method == "scape":
+            cfg = ScapeConfig(**self.options)
+            return 1.0 if cfg.dense_warmup_steps >= 10**6 else cfg.density
+        if self.method == "reading":
+            chunk, k = self.options.get("chunk", 64), self.options.get("k", 1)
+            if chunk == 0 or k == 0:
+                return self.options.get("density", 0.01)
+            return k / chunk
+        return 1.0
 
 
 @dataclass
@@ -112,18 +114,15 @@ class QualityStudyConfig:
     # Restrict a study to some models / variants (empty: all); the report still reads all runs.
     only_models: list[str] = field(default_factory=list)
     only_variants: list[str] = field(default_factory=list)
+    # The readings carried to the 3-seed, 3-horizon comparison (the report's finalist table
+    # and gap-vs-steps figure show them).
+    finalists: list[str] = field(default_factory=list)
     report_only: bool = False  # true: only rewrite the report from the finished runs
     report: bool = True  # write summary, plots after the runs
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
     quick_variants: list[str] = field(default_factory=list)
     quick_seeds: list[int] = field(default_factory=lambda: [0])
     quick_out_dir: str = "outputs/quality_quick"
-
-
-# Variant fields added after runs were made: left out of the fingerprint at these values
-# (which reproduce the old behaviour), so those runs stay valid.
-_ANY = object()
-_ADDED_LATER: dict[str, Any] = {"dense_warmup_steps": 1, "reading": {}}
 
 
 @dataclass(frozen=True)
@@ -147,11 +146,7 @@ class RunSpec:
         """Hash of the settings (not of labels or paths), stored in the run's header."""
         payload = {
             "model": asdict(self.model),
-            "variant": {
-                k: v
-                for k, v in asdict(self.variant).items()
-                if k not in ("label", "core") and _ADDED_LATER.get(k, _ANY) != v
-            },
+            "variant": {"method": self.variant.method, "options": self.variant.options},
             "seed": self.seed,
             "data": Path(self.data_dir).name,  # the prepared dataset's <corpus>__<tokenizer>
             "scale": {k: v for k, v in asdict(self.scale).items() if k not in ("name", "models")},
@@ -161,20 +156,6 @@ class RunSpec:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def scape_config(variant: VariantSpec, seed: int) -> ScapeConfig | None:
-    """The library's config for a ``scape`` variant (None for the dense methods)."""
-    if variant.method not in METHODS:
-        raise ValueError(f"unknown method {variant.method!r}; use one of {', '.join(METHODS)}")
-    if variant.method != "scape":
-        return None
-    return ScapeConfig(
-        density=variant.density,
-        statistic=variant.statistic,
-        residual_weight=variant.residual_weight,
-        age_weight=variant.age_weight,
-        delay_mask=variant.delay_mask,
-        error_feedback=variant.error_feedback,
-        off_mask_momentum=variant.off_mask_momentum,
-        dense_warmup_steps=variant.dense_warmup_steps,
-        seed=seed,
-    )
+def scape_config(variant: VariantSpec) -> ScapeConfig | None:
+    """The library's config of a ``scape`` variant (None for every other method)."""
+    return ScapeConfig(**variant.options) if variant.method == "scape" else None

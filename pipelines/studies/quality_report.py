@@ -1,7 +1,10 @@
-"""The quality study's report: summary table (markdown and CSV) and loss-curve plots.
+"""The quality study's report: every finished run indexed by (model, variant, horizon, lr,
+seed), the tables and figures of the reconstruction search, and the cost of each reading.
 
-Reads every finished run under ``<out_dir>/runs`` (unfinished ``.partial`` files are
-ignored), so a report can be written at any time from whatever has finished.
+Every number is read from the finished runs' JSONL files under ``<out_dir>/runs`` (unfinished
+``.partial`` files are ignored), so a report can be written at any time. Gaps are paired: a
+run against the dense AdamS run with the same model, horizon and seed (same data order and
+initial weights), each at its own best lr of the grid.
 """
 
 from __future__ import annotations
@@ -10,14 +13,24 @@ import csv
 import json
 import math
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLog", "SummaryRow", "load_runs", "summarize", "write_report"]
+from pipelines.studies.quality_config import VariantSpec
+from pipelines.studies.reading_costs import reading_cost
 
-DENSE_REFERENCE = "adams"  # the gap column is relative to dense AdamS, as the targets are
+__all__ = [
+    "RunIndex",
+    "RunKey",
+    "RunLog",
+    "cost_table",
+    "gap_table",
+    "load_runs",
+    "lr_table",
+    "plot_gap_vs_steps",
+    "write_report",
+]
 
 
 @dataclass
@@ -45,233 +58,373 @@ def load_runs(runs_dir: Path) -> list[RunLog]:
     return runs
 
 
-@dataclass
-class SummaryRow:
+REFERENCE = "adams"
+
+
+@dataclass(frozen=True)
+class RunKey:
     model: str
     variant: str
-    seeds: int
-    val_mean: float
-    val_std: float  # sample std over seeds (0 with one seed)
-    gap_pct: float | None  # (mean - AdamS mean) / AdamS mean, percent
-    paired_gap_pct: float | None  # mean over seeds of (run - AdamS run, same seed) / AdamS run
-    paired_gap_std: float | None  # its std over seeds (same data and init: less noisy)
-    diverged: int
-    mask_overlap: float | None  # mean over sparse steps and seeds
-    residual_norm: float | None  # at the last step, mean over seeds
-    max_age: int | None  # oldest unsent entry's age, max over steps and seeds
-    bytes_ratio: float | None  # bytes per rank per step relative to dense AdamS
+    steps: int
+    lr_scale: float
+    seed: int
 
 
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(values) / len(values) if values else None
+def run_key(run: RunLog) -> RunKey:
+    h = run.header
+    steps = h.get("steps") or h["settings"]["scale"]["steps"]
+    return RunKey(h["model"], h["variant"], int(steps), float(h.get("lr_scale", 1.0)), h["seed"])
 
 
-def summarize(runs: list[RunLog], variant_order: list[str]) -> list[SummaryRow]:
-    groups: dict[tuple[str, str], list[RunLog]] = defaultdict(list)
-    for run in runs:
-        groups[(run.model, run.variant)].append(run)
-    order = {name: i for i, name in enumerate(variant_order)}
-    rows = []
-    for (model, variant), group in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order)), kv[0][1])
-    ):
-        finals = [r.final["final_val_loss"] for r in group]
-        overlaps = [s.get("mask_overlap") for r in group for s in r.steps]
-        ages = [s["max_age"] for r in group for s in r.steps if s.get("max_age") is not None]
-        residuals = [r.steps[-1].get("residual_norm") for r in group if r.steps]
-        rows.append(
-            SummaryRow(
-                model=model,
-                variant=variant,
-                seeds=len(group),
-                val_mean=statistics.fmean(finals),
-                val_std=statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                gap_pct=None,
-                paired_gap_pct=None,
-                paired_gap_std=None,
-                diverged=sum(bool(r.final["diverged"]) for r in group),
-                mask_overlap=_mean(overlaps),
-                residual_norm=_mean(residuals),
-                max_age=max(ages) if ages else None,
-                bytes_ratio=_mean([_mean([s["bytes"] for s in r.steps]) for r in group]),
-            )
+class RunIndex:
+    def __init__(self, runs: list[RunLog]) -> None:
+        self.runs = {run_key(r): r for r in runs}
+
+    @classmethod
+    def load(cls, out_dir: Path) -> RunIndex:
+        return cls(load_runs(out_dir / "runs"))
+
+    def final(self, key: RunKey) -> float | None:
+        run = self.runs.get(key)
+        if run is None:
+            return None
+        if run.final.get("diverged"):
+            return math.inf
+        return float(run.final["final_val_loss"])
+
+    def lrs(self, model: str, variant: str, steps: int, seed: int) -> list[float]:
+        return sorted(
+            k.lr_scale
+            for k in self.runs
+            if (k.model, k.variant, k.steps, k.seed) == (model, variant, steps, seed)
         )
-    reference = {
-        (r.model, r.header.get("seed")): r.final["final_val_loss"]
-        for r in runs
-        if r.variant == DENSE_REFERENCE
-    }
-    for row in rows:
-        paired = [
-            100.0 * (r.final["final_val_loss"] - reference[key]) / reference[key]
-            for r in groups[(row.model, row.variant)]
-            if (key := (r.model, r.header.get("seed"))) in reference
-        ]
-        if paired:
-            row.paired_gap_pct = statistics.fmean(paired)
-            row.paired_gap_std = statistics.stdev(paired) if len(paired) > 1 else 0.0
-    for model in {r.model for r in rows}:
-        ref = next((r for r in rows if r.model == model and r.variant == DENSE_REFERENCE), None)
-        ref_val = ref.val_mean if ref else None
-        ref_bytes = ref.bytes_ratio if ref else None  # still absolute bytes here
-        for row in rows:
-            if row.model != model:
-                continue
-            row.gap_pct = 100.0 * (row.val_mean - ref_val) / ref_val if ref_val else None
-            ok = ref_bytes and row.bytes_ratio is not None
-            row.bytes_ratio = row.bytes_ratio / ref_bytes if ok else None
-    return rows
+
+    def best_lr(self, model: str, variant: str, steps: int, seed: int = 0) -> float | None:
+        """The lr scale with the lowest final loss at this horizon (seed ``seed``'s grid)."""
+        finals = {
+            lr: self.final(RunKey(model, variant, steps, lr, seed))
+            for lr in self.lrs(model, variant, steps, seed)
+        }
+        return min(finals, key=finals.get) if finals else None
+
+    def seeds(self, model: str, variant: str, steps: int, lr: float) -> list[int]:
+        return sorted(
+            k.seed
+            for k in self.runs
+            if (k.model, k.variant, k.steps, k.lr_scale) == (model, variant, steps, lr)
+        )
+
+    def paired_gaps(
+        self, model: str, variant: str, steps: int, lr: float, ref_lr: float
+    ) -> list[float]:
+        """Percent gap to AdamS (at ``ref_lr``) per seed that both have."""
+        gaps = []
+        for seed in self.seeds(model, variant, steps, lr):
+            ref = self.final(RunKey(model, REFERENCE, steps, ref_lr, seed))
+            val = self.final(RunKey(model, variant, steps, lr, seed))
+            if ref is not None and val is not None and math.isfinite(ref):
+                gaps.append(100.0 * (val - ref) / ref)
+        return gaps
 
 
-COLUMNS = [
-    ("model", "model"),
-    ("variant", "variant"),
-    ("seeds", "seeds"),
-    ("val_mean", "final val loss (mean)"),
-    ("val_std", "std over seeds"),
-    ("gap_pct", "gap to AdamS (%)"),
-    ("paired_gap_pct", "paired gap (%)"),
-    ("paired_gap_std", "paired gap std"),
-    ("diverged", "diverged"),
-    ("mask_overlap", "mask overlap"),
-    ("residual_norm", "final residual norm"),
-    ("max_age", "max age (steps)"),
-    ("bytes_ratio", "bytes vs dense"),
-]
+def _fmt_gap(gaps: list[float]) -> str:
+    if not gaps:
+        return "-"
+    if any(not math.isfinite(g) for g in gaps):
+        bad = sum(not math.isfinite(g) for g in gaps)
+        return f"diverged ({bad}/{len(gaps)})"
+    if len(gaps) == 1:
+        return f"{gaps[0]:+.1f}%"
+    return f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}% (n={len(gaps)})"
 
 
-def _fmt(value: Any, key: str) -> str:
+def _fmt_loss(value: float | None) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float):
-        if key in ("gap_pct", "paired_gap_pct"):
-            return f"{value:+.2f}"
-        if key == "paired_gap_std":
-            return f"{value:.2f}"
-        if key in ("val_mean", "val_std", "mask_overlap", "bytes_ratio"):
-            return f"{value:.4f}"
-        return f"{value:.3g}"
-    return str(value)
+    return "diverged" if not math.isfinite(value) else f"{value:.3f}"
 
 
-def markdown_table(rows: list[SummaryRow], labels: dict[str, str]) -> str:
-    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
-    rule = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
-    body = []
-    for row in rows:
-        cells = []
-        for key, _ in COLUMNS:
-            value = getattr(row, key)
-            text = labels.get(value, value) if key == "variant" else _fmt(value, key)
-            cells.append(text.replace("|", "\\|"))  # a literal pipe would split the cell
-        body.append("| " + " | ".join(cells) + " |")
-    return "\n".join([head, rule, *body])
+@dataclass
+class GapCell:
+    lr: float | None
+    gaps: list[float]
+    loss: float | None  # mean final val loss over the seeds
 
 
-def write_csv(rows: list[SummaryRow], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as stream:
-        writer = csv.writer(stream)
-        writer.writerow([key for key, _ in COLUMNS])
-        for row in rows:
-            writer.writerow(
-                ["" if getattr(row, k) is None else getattr(row, k) for k, _ in COLUMNS]
-            )
+def gap_cell(
+    index: RunIndex, model: str, variant: str, steps: int, *, lr_from: int | None = None
+) -> GapCell:
+    """A variant at its best lr (chosen on seed 0 at horizon ``lr_from``, default ``steps``),
+    against AdamS at its own best lr chosen the same way."""
+    pick = lr_from or steps
+    lr = index.best_lr(model, variant, pick)
+    ref_lr = index.best_lr(model, REFERENCE, pick)
+    if lr is None or ref_lr is None:
+        return GapCell(lr, [], None)
+    if not index.seeds(model, variant, steps, lr):
+        return GapCell(lr, [], None)
+    gaps = index.paired_gaps(model, variant, steps, lr, ref_lr)
+    finals = [
+        index.final(RunKey(model, variant, steps, lr, s))
+        for s in index.seeds(model, variant, steps, lr)
+    ]
+    finals = [f for f in finals if f is not None]
+    loss = statistics.fmean(finals) if finals else None
+    return GapCell(lr, gaps, loss)
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def plot_model(
-    runs: list[RunLog],
-    model: str,
-    groups: list[tuple[str, list[str]]],
+def gap_table(
+    index: RunIndex,
+    variants: list[str],
     labels: dict[str, str],
-    colors: dict[str, Any],
+    models: list[str],
+    horizons: list[int],
+    *,
+    lr_from: int | None = None,
+) -> str:
+    """Rows: variants; per model and horizon: final loss, paired gap to AdamS, lr used."""
+    head = ["variant"]
+    for model in models:
+        for steps in horizons:
+            head += [f"{model} {steps}: loss", f"{model} {steps}: gap", f"{model} {steps}: lr x"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for variant in variants:
+        cells = [labels.get(variant, variant).replace("|", "\\|")]
+        present = False
+        for model in models:
+            for steps in horizons:
+                cell = gap_cell(index, model, variant, steps, lr_from=lr_from)
+                present = present or cell.loss is not None
+                cells += [
+                    _fmt_loss(cell.loss),
+                    "0 (reference)" if variant == REFERENCE and cell.gaps else _fmt_gap(cell.gaps),
+                    "-" if cell.lr is None or cell.loss is None else f"{cell.lr:g}",
+                ]
+        if present:
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def lr_table(
+    index: RunIndex, variants: list[str], labels: dict[str, str], models: list[str], steps: int
+) -> str:
+    """Final loss (seed 0) at every lr scale that was run, per model, at one horizon."""
+    scales = sorted({k.lr_scale for k in index.runs if k.steps == steps and k.seed == 0})
+    head = ["variant", "model", *[f"lr x{s:g}" for s in scales], "best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for variant in variants:
+        for model in models:
+            lrs = index.lrs(model, variant, steps, 0)
+            if len(lrs) < 2:
+                continue
+            vals = [index.final(RunKey(model, variant, steps, s, 0)) for s in scales]
+            best = index.best_lr(model, variant, steps)
+            label = labels.get(variant, variant).replace("|", "\\|")
+            lines.append(
+                "| " + " | ".join([label, model, *map(_fmt_loss, vals), f"x{best:g}"]) + " |"
+            )
+    return "\n".join(lines)
+
+
+def plot_gap_vs_steps(
+    index: RunIndex,
+    variants: list[str],
+    labels: dict[str, str],
+    models: list[str],
+    horizons: list[int],
     path: Path,
+    *,
+    lr_from: int | None = None,
 ) -> None:
-    """One PNG per model: a row per (title, variants) group, train (smoothed) and validation
-    loss, mean over seeds with a min-max band; a variant keeps its colour in every row."""
+    """Paired gap to AdamS against steps (log axis), mean and min-max over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(groups), 2, figsize=(13, 4.2 * len(groups)), squeeze=False)
-    for row_axes, (group_title, names) in zip(axes, groups, strict=True):
-        for name in names:
-            seeds = [r for r in runs if r.model == model and r.variant == name]
-            if not seeds:
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for variant in variants:
+            if variant == REFERENCE:
                 continue
-            for ax, key in zip(row_axes, ("loss", "val_loss"), strict=True):
-                curves = []
-                for r in seeds:
-                    pts = [(s["tokens"], s[key]) for s in r.steps if s.get(key) is not None]
-                    if key == "loss":
-                        ys = _smooth([y for _, y in pts], max(1, len(pts) // 30))
-                        pts = list(zip([x for x, _ in pts], ys, strict=True))
-                    curves.append(pts)
-                n = min(len(c) for c in curves)
-                xs = [p[0] / 1e6 for p in curves[0][:n]]
-                ys = [[c[i][1] for c in curves] for i in range(n)]
-                mean = [statistics.fmean(y) for y in ys]
-                (line,) = ax.plot(
-                    xs,
-                    mean,
-                    color=colors.get(name),
-                    label=f"{labels.get(name, name)} (n={len(seeds)})",
-                )
-                if len(seeds) > 1:
-                    lo, hi = [min(y) for y in ys], [max(y) for y in ys]
-                    ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
-        for ax, title in zip(row_axes, ("train loss (smoothed)", "validation loss"), strict=True):
-            ax.set_title(f"{model}, {group_title}: {title}")
-            ax.set_xlabel("tokens (M)")
-            ax.set_ylabel("loss (nats)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            # The interesting part is the end of training; the first steps would flatten it.
-            finals = [ln.get_ydata()[-1] for ln in ax.get_lines() if len(ln.get_ydata())]
-            if finals:
-                ax.set_ylim(min(finals) - 0.3, max(finals) + 1.2)
+            xs, mean, lo, hi = [], [], [], []
+            for steps in horizons:
+                gaps = gap_cell(index, model, variant, steps, lr_from=lr_from).gaps
+                gaps = [g for g in gaps if math.isfinite(g)]
+                if gaps:
+                    xs.append(steps)
+                    mean.append(statistics.fmean(gaps))
+                    lo.append(min(gaps))
+                    hi.append(max(gaps))
+            if not xs:
+                continue
+            style = "--" if "99" in variant else "-"
+            (line,) = ax.plot(xs, mean, style, marker="o", label=labels.get(variant, variant))
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
+        ax.axhline(0.0, color="black", lw=0.8)
+        for target in (1.0, 3.0):
+            ax.axhline(target, color="grey", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        ax.set_xticks(horizons, [str(h) for h in horizons])
+        ax.set_xlabel("training steps (log)")
+        ax.set_ylabel("paired gap to dense AdamS (%)")
+        ax.set_title(f"{model}: gap to AdamS, each at its best lr")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def cost_table(variants: dict[str, VariantSpec], labels: dict[str, str], n: int, w: int) -> str:
+    """Bytes per rank per step and optimizer memory per rank at one model shape."""
+    dense = (
+        reading_cost(variants[REFERENCE], n, w).bytes_per_step if REFERENCE in variants else None
+    )
+    lines = [
+        "| variant | MB per rank per step | of which masks | dense / this | optimizer memory per rank (GB) | what it holds |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, variant in variants.items():
+        cost = reading_cost(variant, n, w)
+        ratio = f"{dense / cost.bytes_per_step:.1f}" if dense else "-"
+        lines.append(
+            f"| {labels.get(name, name).replace('|', chr(92) + '|')} | {cost.bytes_per_step / 1e6:,.1f} "
+            f"| {cost.mask_bytes / 1e6:,.1f} | {ratio} | {cost.memory / 1e9:.2f} | {cost.memory_note} |"
+        )
+    return "\n".join(lines)
+
+
 def write_report(
     out_dir: Path,
-    variant_order: list[str],
-    plot_groups: list[tuple[str, list[str]]],
+    variants: dict[str, VariantSpec],
     labels: dict[str, str],
     notes: str,
-) -> list[SummaryRow]:
-    """summary.md, summary.csv and loss_<model>.png from the finished runs in out_dir/runs.
+    *,
+    finalists: list[str],
+    cost_shape: tuple[str, int, int],
+) -> RunIndex:
+    """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``."""
+    index = RunIndex.load(out_dir)
+    keys = list(index.runs)
+    models = sorted({k.model for k in keys}, key=lambda m: (not m.startswith("llama"), len(m), m))
+    horizons = sorted({k.steps for k in keys})
+    order = list(variants) + sorted({k.variant for k in keys} - set(variants))
+    screen_h = [h for h in horizons if h in (300, 1500)] or horizons
+    text = [
+        "# Reconstruction search: summary",
+        "",
+        notes,
+        "",
+        "## Screening (seed 0, each method at its best lr of the grid at that horizon)",
+        "",
+        gap_table(index, order, labels, models, screen_h),
+        "",
+    ]
+    for steps in horizons:
+        table = lr_table(index, order, labels, models, steps)
+        if table.count("\n") > 1:
+            text += [
+                f"## Learning-rate grid at {steps} steps (seed 0, final val loss)",
+                "",
+                table,
+                "",
+            ]
+    final = [v for v in finalists if any(k.variant == v and k.seed > 0 for k in keys)]
+    if final:
+        text += [
+            "## Finalists (every seed; lr chosen on seed 0 at 1,500 steps)",
+            "",
+            gap_table(index, [REFERENCE, *final], labels, models, horizons, lr_from=1500),
+            "",
+        ]
+        plot_gap_vs_steps(
+            index, final, labels, models, horizons, out_dir / "gap_vs_steps.png", lr_from=1500
+        )
+    name, n, w = cost_shape
+    text += [
+        f"## Cost at {name} ({n / 1e9:.2f}B parameters), {w} ranks",
+        "",
+        cost_table({v: variants[v] for v in order if v in variants}, labels, n, w),
+        "",
+    ]
+    (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
+    write_runs_csv(index, out_dir / "runs.csv")
+    for model in models:
+        shown = [REFERENCE, *final] if final else [REFERENCE]
+        for steps in horizons:
+            plot_curves(index, shown, labels, model, steps, out_dir / f"loss_{model}_t{steps}.png")
+    return index
 
-    ``plot_groups``: (title, variants) of each row of the plots (a variant may appear in
-    several rows).
-    """
+
+RUN_COLUMNS = ("model", "variant", "steps", "lr_scale", "seed", "final_val_loss", "diverged",
+               "spike_steps", "bytes_per_step", "seconds")  # fmt: skip
+
+
+def write_runs_csv(index: RunIndex, path: Path) -> None:
+    """One row per finished run (the report's raw material)."""
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(RUN_COLUMNS)
+        for key in sorted(
+            index.runs, key=lambda k: (k.model, k.variant, k.steps, k.lr_scale, k.seed)
+        ):
+            run = index.runs[key]
+            sent = [s["bytes"] for s in run.steps if "bytes" in s]
+            writer.writerow([
+                key.model, key.variant, key.steps, key.lr_scale, key.seed,
+                run.final["final_val_loss"], run.final.get("diverged"),
+                run.final.get("spike_steps", ""),
+                statistics.fmean(sent) if sent else "", run.final.get("seconds", ""),
+            ])  # fmt: skip
+
+
+def plot_curves(
+    index: RunIndex, variants: list[str], labels: dict[str, str], model: str, steps: int, path: Path
+) -> None:
+    """Validation loss against steps at one horizon, each variant at its best lr (chosen on
+    seed 0 at 1,500 steps when run there, else at this horizon), mean and min-max over seeds."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab20"]
-    # tab20 pairs a dark and a light shade of each hue: the first ten variants get the ten
-    # dark shades, so that no two core methods look alike.
-    colors = {name: cmap((2 * i) % 20 + (i // 10) % 2) for i, name in enumerate(variant_order)}
-    runs = load_runs(out_dir / "runs")
-    rows = summarize(runs, variant_order)
-    write_csv(rows, out_dir / "summary.csv")
-    text = ["# Quality study: summary", "", notes, "", markdown_table(rows, labels), ""]
-    (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
-    present = {r.variant for r in runs}
-    groups = [(t, [v for v in g if v in present]) for t, g in plot_groups]
-    groups = [(t, g) for t, g in groups if g]
-    for model in sorted({r.model for r in runs}):
-        plot_model(runs, model, groups, labels, colors, out_dir / f"loss_{model}.png")
-    return rows
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    drawn = 0
+    for variant in variants:
+        lr = index.best_lr(model, variant, 1500) or index.best_lr(model, variant, steps)
+        if lr is None:
+            continue
+        runs = [
+            index.runs[RunKey(model, variant, steps, lr, s)]
+            for s in index.seeds(model, variant, steps, lr)
+        ]
+        curves = [
+            [(r["step"], r["val_loss"]) for r in run.steps if "val_loss" in r] for run in runs
+        ]
+        curves = [c for c in curves if c]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        xs = [p[0] for p in curves[0][:n]]
+        ys = [[c[i][1] for c in curves] for i in range(n)]
+        (line,) = ax.plot(xs, [statistics.fmean(y) for y in ys],
+                          label=f"{labels.get(variant, variant)} (lr x{lr:g}, n={len(curves)})")  # fmt: skip
+        if len(curves) > 1:
+            ax.fill_between(
+                xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15
+            )
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return
+    finals = [ln.get_ydata()[-1] for ln in ax.get_lines()]
+    ax.set_ylim(min(finals) - 0.3, max(finals) + 1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title(f"{model}, {steps} steps")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

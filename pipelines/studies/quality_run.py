@@ -105,18 +105,6 @@ def evaluate(model: nn.Module, batches: list[Batch]) -> float:
     return total / count
 
 
-def _mask_overlap(previous: list[list[Tensor]] | None, current: list[list[Tensor]]) -> float | None:
-    """|M_t ∩ M_{t-1}| / k, averaged over shards (same definition for every variant)."""
-    if previous is None:
-        return None
-    fractions = [
-        torch.isin(now, before).sum().item() / now.numel()
-        for prev_b, cur_b in zip(previous, current, strict=True)
-        for before, now in zip(prev_b, cur_b, strict=True)
-    ]
-    return sum(fractions) / len(fractions)
-
-
 def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
     """The final record of a finished run with these settings, else None."""
     if not path.is_file():
@@ -177,10 +165,10 @@ def train_run(
         weight_decay=scale.weight_decay,
         max_grad_norm=scale.max_grad_norm,
     )
-    if spec.variant.reading:
+    if spec.variant.method == "reading":
         from pipelines.studies.readings import ReadingConfig, build_reading_simulator
 
-        reading = ReadingConfig(**spec.variant.reading)
+        reading = ReadingConfig(**spec.variant.options)
         sim = build_reading_simulator(model, scale.world_size, hparams, reading)
     else:
         sim = Simulator(
@@ -188,12 +176,12 @@ def train_run(
             scale.world_size,
             method=spec.variant.method,
             hparams=hparams,
-            scape=scape_config(spec.variant, spec.seed),
+            scape=scape_config(spec.variant),
         )
     tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
     start = time.perf_counter()
-    skipped, diverged, prev_masks, last_val = 0, False, None, float("nan")
+    skipped, diverged, last_val = 0, False, float("nan")
     rule = DivergenceRule(data.vocab_size)
     with open(partial, "w", encoding="utf-8") as log:
 
@@ -232,14 +220,10 @@ def train_run(
                 "skipped": result.skipped,
                 "bytes": sum(result.bytes.values()),
             }
-            if spec.variant.method == "scape" and not spec.variant.reading and not result.skipped:
-                masks = sim.last_used_masks
-                record["mask_overlap"] = _mask_overlap(prev_masks, masks)
-                record["residual_norm"] = result.residual_norm
-                record["max_age"] = result.max_age
-                # The dense warm-up's "mask" is everything; overlap starts after it.
-                warm = result.step <= sim.scape.dense_warmup_steps
-                prev_masks = None if warm else masks
+            if result.mask_overlap is not None:
+                record["mask_overlap"] = result.mask_overlap
+            if result.moment_norm is not None:
+                record["moment_norm"] = result.moment_norm
             skipped += int(result.skipped)
             diverged = rule.diverged(result.loss)
             last = diverged or result.step == scale.steps
@@ -258,6 +242,9 @@ def train_run(
             "diverged": diverged,
             "skipped_steps": skipped,
             "spike_steps": rule.spike_steps,
+            # R3 (stale replicas): the oldest a replica entry got, and the largest relative
+            # distance of a replica from the owners' values at the end
+            **{k: getattr(sim, k) for k in ("max_staleness", "replica_gap") if hasattr(sim, k)},
             "seconds": round(time.perf_counter() - start, 2),
         }
         write(final)

@@ -32,9 +32,8 @@ from torch import Tensor
 from scape.adams import adams_update_
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, SCALARS, ring_bytes_per_rank
 from scape.layout import FlatLayout
-from scape.masks import num_selected
-from scape.shard import clip_coefficient
-from scape.simulate import Simulator, StepResult
+from scape.peers.dgc import num_selected  # R0's k per shard: the same rule as DGC's
+from scape.simulate import Simulator, StepResult, clip_coefficient
 
 __all__ = [
     "READINGS",
@@ -144,8 +143,7 @@ class _ChunkedSimulator(Simulator):
             chunk = r.chunk
         total = math.ceil(n / (W * chunk)) * W * chunk
         offsets = [sum(numels[:i]) for i in range(len(numels))]
-        layout = FlatLayout(tuple(offsets), tuple(numels), ((0, total),), total, W)
-        super()._init_scape(layout)
+        self.bind_flat_params(FlatLayout(tuple(offsets), tuple(numels), ((0, total),), total, W))
         self.basis = ChunkBasis(r.basis, chunk)
         self.n_chunks = total // chunk
         self.chunks_per_shard = self.n_chunks // W
@@ -153,9 +151,6 @@ class _ChunkedSimulator(Simulator):
         if not 1 <= self.k <= chunk:
             raise ValueError(f"k={self.k} must be in [1, chunk={chunk}]")
         self.owner_of_chunk = torch.arange(self.n_chunks) // self.chunks_per_shard
-        self.decay_vec = torch.zeros(total, dtype=torch.bool)
-        for p, off, d in zip(self.params, self.layout.param_offsets, self.decays, strict=True):
-            self.decay_vec[off : off + p.numel()] = d
         self.mask_idx: Tensor | None = None  # (n_chunks, k) or (W, n_chunks, k)
 
     @property
@@ -164,7 +159,7 @@ class _ChunkedSimulator(Simulator):
 
     def _decay_params(self, lr: float) -> None:
         if self.hp.weight_decay:
-            self.flat_param[self.decay_vec] *= 1.0 - lr * self.hp.weight_decay
+            self.flat_param[self.decay_mask] *= 1.0 - lr * self.hp.weight_decay
 
     def _index_bytes(self) -> float:
         """Bytes of one mask index within a chunk (bit-packed)."""
@@ -429,7 +424,7 @@ class StaleReplicaSimulator(_ChunkedSimulator):
         if coeff is not None:
             estimate = estimate * coeff
         owner = self._owner_view().view(self.n_chunks, -1)
-        decay = self.decay_vec.view(self.n_chunks, -1)
+        decay = self.decay_mask.view(self.n_chunks, -1)
         if hp.weight_decay:
             owner = torch.where(decay, owner * (1.0 - lr * hp.weight_decay), owner)
         m = self.m.view(self.n_chunks, -1)
@@ -452,9 +447,7 @@ class StaleReplicaSimulator(_ChunkedSimulator):
         self.flat_param.copy_(flat_owner)
         if not dense:
             self.mask_idx = self._select()
-        result = StepResult(t, loss, float(norm), False, bytes_)
-        result.max_age = int(self.age.max())
-        return result
+        return StepResult(t, loss, float(norm), False, bytes_)
 
 
 def build_reading_simulator(model, world_size: int, hparams, reading: ReadingConfig) -> Simulator:

@@ -66,25 +66,24 @@ class ModelConfig:
 
 @dataclass
 class ScapeOptions:
-    """ScapeConfig as users write it: in sparsity (the paper's 90% / 99%), not density."""
+    """ScapeConfig as users write it: in sparsity (the paper's 90% / 99%), not k per chunk.
+
+    Each field is :class:`scape.config.ScapeConfig`'s (its docstring says what each does and
+    which are inferred); the defaults are the library's, settled by the reconstruction search.
+    """
 
     sparsity: float = 0.99
-    statistic: str = "momentum"
-    residual_weight: float = 1.0
-    age_weight: float = 0.0
-    selection: str = "topk"
-    threshold_sample_size: int = 16384
-    mask_encoding: str = "auto"
-    delay_mask: bool = True
-    error_feedback: bool = False  # the quality study's pick
-    off_mask_momentum: str = "freeze"
+    chunk: int = 100
+    moment_beta: float = 0.999
+    update: str = "rms"
+    second_moment_beta: float = 0.95
     dense_warmup_steps: int = 1
     value_dtype: str = "float32"
-    seed: int = 0
+    fuse_buckets: bool = False
 
     def to_scape_config(self) -> ScapeConfig:
-        fields = {k: v for k, v in vars(self).items() if k != "sparsity"}
-        return ScapeConfig(density=round(1.0 - self.sparsity, 12), **fields)
+        fields = {k: v for k, v in vars(self).items() if k not in ("sparsity", "chunk")}
+        return ScapeConfig.for_sparsity(self.sparsity, chunk=self.chunk, **fields)
 
 
 @dataclass

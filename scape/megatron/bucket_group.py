@@ -4,14 +4,14 @@ Megatron's DDP calls ``start_grad_sync`` on a bucket group as soon as backward h
 all of its grads (overlapping the rest of backward), and ``start_param_sync`` after the
 optimizer step (or from the next forward's pre-hook with ``overlap_param_gather``); the
 ``finish_*`` methods only ``wait()`` on the handles these leave behind. So overriding the two
-``start_*`` methods swaps dense for sparse collectives while Megatron keeps its scheduling,
-hooks and overlap unchanged:
+``start_*`` methods swaps the dense collectives for SCAPE's while Megatron keeps its
+scheduling, hooks and overlap unchanged:
 
-* grad sync: pack each bucket at the (already known, one-step-old) mask and reduce-scatter the
-  packed values; never scale the buffer (only packed values are scaled, or the residual would
-  shrink) and never reduce the whole bucket;
-* param sync: all-gather the owners' updated entries; the handle's ``wait()`` writes them into
-  the param buffer at the mask positions.
+* grad sync: pack each bucket's candidate moment at the (already known, one-step-old) masks
+  and start the all-reduce of the packed values (or, with ``fuse_buckets``, one all-reduce of
+  every bucket once the last is packed); never scale or reduce the whole bucket;
+* param sync: nothing travels. Every rank updates every entry itself from the synchronized
+  buffer, so the replicas stay identical without a parameter all-gather.
 
 Megatron's DDP builds plain ``_ParamAndGradBucketGroup`` objects inside its constructor
 (``partition_buckets``), with no hook to choose the class; :func:`promote_bucket_groups`
@@ -46,18 +46,8 @@ class ScapeBucketGroup(_ParamAndGradBucketGroup):
         self.grad_reduce_handle = WaitAll(works) if async_op else None
 
     def start_param_sync(self, force_sync: bool = False) -> None:
-        if force_sync and self.param_gather_handle is not None:
-            self.param_gather_handle.wait()
-            self.param_gather_handle = None
-            return
-        assert force_sync or self.param_gather_handle is None
-        async_op = self.ddp_config.overlap_param_gather and not force_sync
-        handles = [
-            self.scape.start_param_exchange(b.bucket_id, b.param_data, async_op=async_op)
-            for b in self.buckets
-        ]
-        handle = WaitAll(handles)
-        self.param_gather_handle = handle if async_op and handle.handles else None
+        # Nothing to gather: every rank already holds the updated params.
+        self.param_gather_handle = None
         self.param_gather_dispatched = True
 
 

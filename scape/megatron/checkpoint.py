@@ -1,12 +1,13 @@
 """Save and resume all SCAPE state of a Megatron run, bit-identically.
 
-One file per rank (``scape_rank00000.pt``, ...) holding what that rank alone knows: the step,
-its residual buffer, its param replica, its owned shards' fp32 main params, ``m`` and age, the
-masks for the next step (identical on all ranks; the in-flight mask all-gather is completed
-first) and its RNG states. Each file is written to a temporary name in the same directory,
-fsynced and renamed, so a crash never leaves a half-written checkpoint under the real name.
-Loading uses ``torch.load(weights_only=True)`` and refuses, with a message naming the field, a
-checkpoint from another world size, rank, SCAPE configuration or buffer layout.
+One file per rank (``scape_rank00000.pt``, ...) holding what that rank alone knows: the step
+counters, its own first moment, the replicated second moment and fp32 params, the model's
+param buffer, the masks for the next step (identical on all ranks; the in-flight mask
+all-gather is completed first) and its RNG states. Each file is written to a temporary name
+in the same directory, fsynced and renamed, so a crash never leaves a half-written
+checkpoint under the real name. Loading uses ``torch.load(weights_only=True)`` and refuses,
+with a message naming the field, a checkpoint from another world size, rank, SCAPE
+configuration or buffer layout.
 
 Data-loader position and LR schedule belong to the caller (the pretrain stage).
 """
@@ -21,8 +22,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scape.masks import num_selected
-
 __all__ = [
     "CheckpointMismatch",
     "load_scape_checkpoint",
@@ -31,15 +30,16 @@ __all__ = [
     "scape_state_dict",
 ]
 
-FORMAT = "scape-megatron/1"
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint does not belong to this run (world size, layout, sparsity, ...)."""
+FORMAT = "scape-megatron/2"  # 2: local moments and one shared buffer (1 was the masked-AdamS step)
+TRANSPORT_ONLY = ("fuse_buckets",)  # config fields that do not change the numbers
 
 
 def _rank_file(directory: Path, rank: int) -> Path:
     return directory / f"scape_rank{rank:05d}.pt"
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint does not belong to this run (world size, layout, sparsity, ...)."""
 
 
 def _layout(opt) -> dict:
@@ -51,14 +51,12 @@ def _layout(opt) -> dict:
 
 
 def scape_state_dict(opt) -> dict:
-    """This rank's SCAPE state (CPU copies), after completing every exchange still in flight.
+    """This rank's SCAPE state (CPU copies), after completing the mask exchange in flight.
 
     Plain tensors, lists, dicts and numbers only, so ``torch.load(weights_only=True)`` reads it;
     for callers with their own checkpoint files (the pretrain stage) and for
     :func:`save_scape_checkpoint`.
     """
-    for model_chunk in opt.model_chunks:
-        model_chunk.start_param_sync(force_sync=True)
     st = opt.scape
     st.finish_mask_exchange()
     rng = {"cpu": torch.get_rng_state()}
@@ -71,11 +69,11 @@ def scape_state_dict(opt) -> dict:
         "config": dataclasses.asdict(st.config),
         "layout": _layout(opt),
         "step": st.step,
-        "residual": st.residual,
+        "updates": st.updates,
+        "moment": st.moment,
+        "second_moment": st.second_moment,
+        "main": st.main,
         "param_buffer": opt.param_buffer,
-        "main": list(st.main),
-        "exp_avg": list(st.exp_avg),
-        "age": list(st.age),
         "masks": st.masks,
         "rng": rng,
         "bytes": st.comm.counter.snapshot(),  # informative; counters restart on resume
@@ -118,6 +116,12 @@ def _check(ok: bool, what: str) -> None:
         raise CheckpointMismatch(f"SCAPE checkpoint does not match this run: {what}")
 
 
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
 def _validate(state: dict, opt) -> None:
     st = opt.scape
     _check(state.get("format") == FORMAT, f"format {state.get('format')!r}, expected {FORMAT!r}")
@@ -128,45 +132,40 @@ def _validate(state: dict, opt) -> None:
     _check(state["rank"] == st.rank, f"file of rank {state['rank']} loaded on rank {st.rank}")
     saved_cfg, cfg = state["config"], dataclasses.asdict(st.config)
     _check(
-        saved_cfg.get("density") == cfg["density"],
-        f"density {saved_cfg.get('density')} (sparsity {1 - saved_cfg.get('density', 0):.4g}) "
-        f"saved, this run uses {cfg['density']}",
+        (saved_cfg.get("chunk"), saved_cfg.get("k")) == (cfg["chunk"], cfg["k"]),
+        f"{saved_cfg.get('k')} of every {saved_cfg.get('chunk')} coefficients saved, this run "
+        f"sends {cfg['k']} of every {cfg['chunk']} (sparsity {st.config.sparsity:.4g})",
     )
-    diff = {k: (saved_cfg.get(k), v) for k, v in cfg.items() if saved_cfg.get(k) != v}
+    diff = {
+        k: (saved_cfg.get(k), v)
+        for k, v in cfg.items()
+        if saved_cfg.get(k) != v and k not in TRANSPORT_ONLY
+    }
     _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
     _check(
         state["layout"] == _layout(opt),
         f"buffer layout {state['layout']} saved, this run has {_layout(opt)}",
     )
-    _check(
-        state["residual"].shape == st.residual.shape
-        and state["param_buffer"].shape == opt.param_buffer.shape
-        and state["param_buffer"].dtype == opt.param_buffer.dtype,
-        "residual or param buffer shape/dtype differs",
-    )
-    for name in ("main", "exp_avg", "age"):
-        saved, now = state[name], getattr(st, name)
-        _check(
-            len(saved) == len(now)
-            and all(
-                a.shape == b.shape and a.dtype == b.dtype for a, b in zip(saved, now, strict=True)
-            ),
-            f"{name} shards differ in number, shape or dtype",
-        )
+    for name, now in (
+        ("moment", st.moment),
+        ("second_moment", st.second_moment),
+        ("main", st.main),
+        ("param_buffer", opt.param_buffer),
+    ):
+        _check(_same(state[name], now), f"{name} differs in shape or dtype")
     masks = state["masks"]
     if masks is not None:
         _check(len(masks) == len(st.shards), "masks for a different number of buckets")
-        for b, shard in enumerate(st.shards):
-            k = num_selected(shard.size, st.config.density)
-            for m in masks[b]:
-                _check(
-                    m.dtype == torch.int64
-                    and m.numel() == k
-                    and bool((m[1:] > m[:-1]).all())
-                    and int(m.min()) >= 0
-                    and int(m.max()) < shard.size,
-                    f"bucket {b}: a mask is not {k} sorted indices in [0, {shard.size})",
-                )
+        for b, basis in enumerate(st.bases):
+            m = masks[b]
+            _check(
+                m.dtype == torch.int64
+                and tuple(m.shape) == (st.world_size, basis.num_selected)
+                and int(m.min()) >= 0
+                and int(m.max()) < basis.chunk,
+                f"bucket {b}: masks are not {st.world_size} x {basis.num_selected} chunk "
+                f"offsets in [0, {basis.chunk})",
+            )
 
 
 def load_scape_checkpoint(directory: str | os.PathLike, opt) -> int:
@@ -185,22 +184,16 @@ def load_scape_state_dict(opt, state: dict) -> int:
     """
     st = opt.scape
     _validate(state, opt)
-    for model_chunk in opt.model_chunks:
-        model_chunk.start_param_sync(force_sync=True)  # nothing may land after the restore
-    st.finish_mask_exchange()
+    st.finish_mask_exchange()  # nothing may land after the restore
     with torch.no_grad():
-        st.residual.copy_(state["residual"])
+        st.moment.copy_(state["moment"])
+        if st.second_moment is not None:
+            st.second_moment.copy_(state["second_moment"])
         opt.param_buffer.copy_(state["param_buffer"])
-        for name in ("main", "exp_avg", "age"):
-            for dst, src in zip(getattr(st, name), state[name], strict=True):
-                dst.copy_(src)
-    st.step = int(state["step"])
-    st.masks = (
-        None
-        if state["masks"] is None
-        else [[m.to(st.device) for m in per_bucket] for per_bucket in state["masks"]]
-    )
-    st.param_updates = [None] * len(st.shards)
+        if st.main.data_ptr() != opt.param_buffer.data_ptr():
+            st.main.copy_(state["main"])
+    st.step, st.updates = int(state["step"]), int(state["updates"])
+    st.masks = None if state["masks"] is None else [m.to(st.device) for m in state["masks"]]
     st.clear_step()
     torch.set_rng_state(state["rng"]["cpu"])
     if "cuda" in state["rng"] and torch.cuda.is_available():

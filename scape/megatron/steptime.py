@@ -48,7 +48,7 @@ def time_steps(
     ddp = wrap_ddp(config, model, bucket_size=bucket_size, overlap_param_gather=True)
     spec = OptimizerSpec(kind="adams", lr=1e-4)
     if method == "scape":
-        opt = build_scape_optimizer(ddp, spec, ScapeConfig(density=density), bf16=bf16)
+        opt = build_scape_optimizer(ddp, spec, ScapeConfig.for_sparsity(1.0 - density), bf16=bf16)
     else:
         opt = build_dense_optimizer(ddp, spec, bf16=bf16)
     g = torch.Generator().manual_seed(rank)

@@ -6,7 +6,7 @@ gradient (n,) fp32:
 
     u = momentum * u + g             # momentum correction (skipped when momentum == 0)
     v = v + u                        # local accumulation (v = v + g when momentum == 0)
-    I = top-k of |v|, k = ceil(density * n)  (scape.masks.num_selected)
+    I = top-k of |v|, k = ceil(density * n)  (num_selected)
     all-gather (I as int32, v[I] in the wire dtype) from every rank
     result = (sum over ranks r of scatter(I_r, v_r)) / W     # identical on every rank
     v[I] -= wire(v[I]), u[I] = 0     # error feedback (v[I] = 0 on an fp32 wire), momentum masking
@@ -17,6 +17,7 @@ estimation are left out: the density is a constant and top-k is exact (``torch.t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,11 +26,23 @@ import torch.distributed as dist
 from torch import Tensor
 
 from scape.comm import GRAD_VALUES, MASKS, ByteCounter, ring_bytes_per_rank
-from scape.masks import num_selected
 from scape.peers.buckets import ParamBuffers, ddp_comm_hook
 from scape.shard import WIRE_DTYPES
 
-__all__ = ["DGCConfig", "DGCHook"]
+__all__ = ["DGCConfig", "DGCHook", "num_selected"]
+
+
+def num_selected(size: int, density: float) -> int:
+    """k = ceil(density * size), at least 1 and at most size.
+
+    The product is rounded to 6 decimals first: 0.01 * 300 is 3.0000000000000004 in binary
+    floating point and must give 3, not 4.
+    """
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    return min(size, max(1, math.ceil(round(density * size, 6))))
 
 
 @dataclass(frozen=True)

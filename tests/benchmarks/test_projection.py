@@ -3,10 +3,10 @@
 import json
 
 import pytest
+from scape.encoding import delta_nbytes, encoded_nbytes
 
 from benchmarks.costmodel import ring_time
 from benchmarks.projection import Assumptions, comm_seconds, mask_bytes, project_model
-from scape.encoding import delta_nbytes, encoded_nbytes
 
 A = Assumptions()
 

@@ -141,28 +141,32 @@ def _train(
             save_scape_checkpoint(save_at[1], opt)
         if scape is None:
             continue
-        used = opt.scape.last_used_masks
-        out["mask_digests"].append(_digest([m for per_bucket in used for m in per_bucket]))
+        used = opt.scape.last_used_masks or []
+        out["mask_digests"].append(_digest(used))
         after = opt.scape.comm.counter.snapshot()
         out["bytes"].append({k: after[k] - before.get(k, 0.0) for k in after})
         if simulator is not None:
             sim_result = simulator.step([d[step % 4] for d in data], _sim_loss)
             pairs = list(zip(model.parameters(), twin.parameters(), strict=True))
-            masks_equal = all(
+            masks_equal = len(used) == len(simulator.last_used_masks or []) and all(
                 torch.equal(a, b)
-                for ours, theirs in zip(used, simulator.last_used_masks, strict=True)
-                for a, b in zip(ours, theirs, strict=True)
+                for a, b in zip(used, simulator.last_used_masks or [], strict=True)
             )
             out["sim"].append(
                 {
                     "params_equal": all(torch.equal(a, b) for a, b in pairs),
                     "max_abs_diff": max((a - b).abs().max().item() for a, b in pairs),
+                    "frac_diff": sum(int(((a - b).abs() > 1e-6).sum()) for a, b in pairs)
+                    / sum(a.numel() for a, _ in pairs),
                     "masks_equal": masks_equal,
                     "grad_norm": (result.grad_norm, sim_result.grad_norm),
                 }
             )
     if scape is not None:
-        out["layout"] = [(s.size, k) for s, k in zip(opt.scape.shards, opt.scape.k, strict=True)]
+        out["layout"] = [
+            (s.size, b.num_selected) for s, b in zip(opt.scape.shards, opt.scape.bases, strict=True)
+        ]
+        out["dense_steps"] = opt.scape.config.dense_warmup_steps
     return out
 
 
@@ -177,21 +181,18 @@ def _spec(**kw):
 def _gpt_cfg():
     from scape.config import ScapeConfig
 
-    return ScapeConfig(density=0.1)
+    return ScapeConfig(chunk=100, k=10)
 
 
 def _llama_cfg():
+    """Every other option: short chunks (Megatron's shards leave a tail chunk), the sign
+    update, a partly-decaying moment, a bf16 wire, two dense warm-up steps, one fused exchange."""
     from scape.config import ScapeConfig
 
     return ScapeConfig(
-        density=0.05,
-        statistic="momentum_residual",
-        age_weight=0.5,
-        selection="sampled_threshold",
-        threshold_sample_size=64,
-        mask_encoding="bitmap",
-        dense_warmup_steps=2,
-    )
+        chunk=48, k=3, update="sign", moment_beta=0.9, value_dtype="bfloat16",
+        dense_warmup_steps=2, fuse_buckets=True,
+    )  # fmt: skip
 
 
 def _two_rank_suite(rank, world_size, ckpt_dir):
@@ -211,17 +212,14 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
     out["gpt_sync"] = _train(
         rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=10, overlap=False
     )
-    undelayed = ScapeConfig(density=0.1, delay_mask=False, statistic="momentum_residual")
-    out["undelayed"] = _train(rank, world_size, "tiny-gpt", undelayed, _spec(), steps=6, sim=True)
-    # Density 1 against Megatron's dense AdamS. No clipping: the two norms are computed in
-    # different precision (float64 owner sums vs Megatron's fp32 multi-tensor norm).
-    full = ScapeConfig(density=1.0)
-    out["density1"] = _train(rank, world_size, "tiny-llama", full, _spec(clip_grad=0.0), steps=6)
-    out["dense"] = _train(rank, world_size, "tiny-llama", None, _spec(clip_grad=0.0), steps=6)
-    # The same with bf16 model params and separate fp32 main params (the GPU configuration).
-    no_clip = _spec(clip_grad=0.0)
-    out["density1_bf16"] = _train(rank, world_size, "tiny-gpt", full, no_clip, steps=6, bf16=True)
-    out["dense_bf16"] = _train(rank, world_size, "tiny-gpt", None, no_clip, steps=6, bf16=True)
+    fused = dataclasses.replace(_gpt_cfg(), fuse_buckets=True)
+    out["gpt_fused"] = _train(rank, world_size, "tiny-gpt", fused, _spec(), steps=10)
+    # k = chunk: every coefficient travels; through the DCT, the same numbers as the dense
+    # (identity) path within rounding.
+    every = ScapeConfig(chunk=64, k=64)
+    out["every"] = _train(rank, world_size, "tiny-llama", every, _spec(), steps=6)
+    all_dense = dataclasses.replace(every, dense_warmup_steps=6)
+    out["all_dense"] = _train(rank, world_size, "tiny-llama", all_dense, _spec(), steps=6)
     out["bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=10, bf16=True)
     out["skip"] = _skip_and_divergence(rank, world_size)
     return out
@@ -229,9 +227,12 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
 
 def _state_snapshot(opt, model):
     st = opt.scape
-    return _digest(
-        [st.residual, *st.main, *st.exp_avg, *st.age, *[m for b in st.masks or [] for m in b]]
-        + list(model.parameters())
+    st.finish_mask_exchange()
+    return (
+        _digest(
+            [st.moment, st.second_moment, st.main, *(st.masks or [])] + list(model.parameters())
+        )
+        + f"/{st.updates}"
     )
 
 
@@ -247,7 +248,7 @@ def _skip_and_divergence(rank, world_size):
     for step in range(3):
         train_step(ddp, opt, _split(data[rank][step]))
     opt.scape.finish_mask_exchange()
-    for poison in ("whole_loss", "one_unsent_entry"):
+    for poison in ("whole_loss", "one_entry"):
         before = _state_snapshot(opt, model)
         steps_before = opt.scape.step
         ddp.zero_grad_buffer()
@@ -256,13 +257,10 @@ def _skip_and_divergence(rank, world_size):
         if poison == "whole_loss" and rank == 1:
             loss = loss * float("nan")
         loss.backward()
-        if poison == "one_unsent_entry" and rank == 0:
-            # An entry no shard's mask selects: a NaN there would silently enter the residual.
-            sent = torch.zeros_like(ddp.buffers[0].grad_data, dtype=torch.bool)
-            for shard, masks in zip(opt.scape.shards, opt.scape.masks, strict=True):
-                for j, m in enumerate(masks):
-                    sent[shard.start + j * shard.size + m] = True
-            ddp.buffers[0].grad_data[int((~sent).nonzero()[0])] = float("inf")
+        if poison == "one_entry" and rank == 0:
+            # One entry of one rank's gradient: it would poison that rank's moment for good
+            # even where no coefficient containing it is sent this step.
+            ddp.buffers[0].grad_data[7] = float("inf")
         ddp.finish_grad_sync()
         updated, norm, _ = opt.step()
         out["skipped"].append((updated, math.isfinite(norm), opt.scape.step - steps_before))
@@ -290,7 +288,7 @@ def _resume(rank, world_size, ckpt_dir):
     init_megatron(0)
     out = {}
     # A different sparsity is refused with a clear message.
-    other_cfg = dataclasses.replace(_llama_cfg(), density=0.2)
+    other_cfg = dataclasses.replace(_llama_cfg(), k=6)
     _, _, other = _build("tiny-llama", other_cfg, _spec(), overlap=True)
     try:
         load_scape_checkpoint(ckpt_dir, other)
@@ -349,23 +347,18 @@ def resumed(two, ckpt_dir):
 
 
 # ----------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("case", ["gpt", "llama", "undelayed"])
+@pytest.mark.parametrize("case", ["gpt", "llama"])
 def test_two_ranks_match_the_simulator_bit_for_bit(two, case):
-    """W=2: gloo's reduce-scatter adds two terms, a + b, exactly as the simulator does."""
+    """W=2: gloo's all-reduce adds two terms, a + b, exactly as the simulator does."""
     sim = two[0][case]["sim"]
-    assert len(sim) == len(two[0][case]["losses"]) >= 6
+    assert len(sim) == len(two[0][case]["losses"]) >= 10
     for step, s in enumerate(sim, 1):
         assert s["masks_equal"], f"step {step}"
         assert s["params_equal"], f"step {step}: max |diff| {s['max_abs_diff']}"
         assert s["grad_norm"][0] == s["grad_norm"][1], f"step {step}"
 
 
-def test_clipping_was_exercised(two):
-    norms = [s["grad_norm"][0] for s in two[0]["gpt"]["sim"]]
-    assert max(norms) > 1.0 > min(norms)
-
-
-CASES_2 = ["gpt", "gpt_async", "gpt_sync", "llama", "undelayed", "density1", "dense", "bf16"]
+CASES_2 = ["gpt", "gpt_async", "gpt_sync", "gpt_fused", "llama", "every", "all_dense", "bf16"]
 
 
 @pytest.mark.parametrize("case", CASES_2)
@@ -381,22 +374,21 @@ def test_params_and_masks_bit_identical_across_four_ranks(four, case):
         assert r[case]["mask_digests"] == four[0][case]["mask_digests"]
 
 
-def test_overlap_on_and_off_identical(two):
-    """Overlapped (async reduce-scatters in backward, param all-gathers left to the next
-    forward) and fully synchronous collectives, same buckets: same numbers."""
+def test_overlap_and_fusing_change_no_number(two):
+    """Overlapped all-reduces in backward, fully synchronous ones, and one fused all-reduce
+    of every bucket, same buckets: same numbers."""
     for r in two:
         n = len(r["gpt_sync"]["losses"])
-        assert r["gpt_async"]["losses"] == r["gpt_sync"]["losses"] == r["gpt"]["losses"][:n]
-        assert r["gpt_async"]["digests"][-1] == r["gpt_sync"]["digests"][-1]
-        assert r["gpt_sync"]["digests"] == r["gpt"]["digests"][:n]
-        assert r["gpt_async"]["mask_digests"] == r["gpt_sync"]["mask_digests"]
+        for case in ("gpt_async", "gpt_sync", "gpt_fused"):
+            assert r[case]["losses"] == r["gpt"]["losses"][:n], case
+            assert r[case]["digests"][-1] == r["gpt"]["digests"][n - 1], case
+        assert r["gpt_fused"]["mask_digests"] == r["gpt"]["mask_digests"][:n]
 
 
-@pytest.mark.parametrize("suffix", ["", "_bf16"], ids=["fp32", "bf16-params"])
-def test_density_one_equals_megatron_dense_adams(two, suffix):
+def test_every_coefficient_through_the_dct_is_the_dense_path(two):
+    """k = chunk sends every coefficient; the orthonormal DCT then changes nothing but rounding."""
     for r in two:
-        assert r["density1" + suffix]["losses"] == r["dense" + suffix]["losses"]
-        assert r["density1" + suffix]["digests"] == r["dense" + suffix]["digests"]
+        assert r["every"]["losses"] == pytest.approx(r["all_dense"]["losses"], rel=1e-5)
 
 
 @pytest.mark.parametrize("case", ["gpt", "llama", "bf16"])
@@ -408,8 +400,8 @@ def test_loss_decreases(two, case):
 def test_non_finite_steps_skipped_without_touching_state(two):
     for r in two:
         s = r["skip"]
-        # (updated, norm finite, step counter advanced) for: NaN loss on rank 1, one inf in an
-        # entry that no mask sends on rank 0 (it would otherwise poison the residual).
+        # (updated, norm finite, step counter advanced) for: NaN loss on rank 1, one inf in one
+        # entry of rank 0's gradient (it would otherwise poison that rank's moment).
         assert s["skipped"] == [(False, False, 1), (False, False, 1)]
         assert s["unchanged"] == [True, True]
         assert s["after"] == [(True, True)] * 3
@@ -421,46 +413,48 @@ def test_replica_divergence_fails_loudly_on_every_rank(two):
 
 
 def test_byte_counters_match_the_formulas(two, four):
-    """Per rank per step, ring collectives: (W-1)/W of each gathered/reduced tensor's bytes.
+    """Per rank per step, ring collectives: (W-1)/W of each reduced/gathered tensor's bytes.
 
-    Values: k entries per shard (all S in dense warm-up steps), fp32 here (CPU); masks: the
-    encoded shard masks of the *next* step, sent at the end of this one; one float64 scalar
-    all-reduce (2(W-1)/W * 8 bytes) for the norm. Consistency checks are counted apart.
+    Values: W * n coefficients per bucket (the whole bucket in dense warm-up steps) plus one
+    finite flag per bucket, in the wire dtype, booked half as reduce-scatter and half as
+    all-gather; masks: one byte per selected coefficient of the *next* step, sent at the end
+    of this one. Consistency checks are counted apart.
     """
-    from scape.encoding import encoded_nbytes
-
     for suite, case, cfg in [(two, "gpt", _gpt_cfg()), (four, "gpt", _gpt_cfg()),
                              (two, "llama", _llama_cfg())]:  # fmt: skip
         W = len(suite)
         ring = (W - 1) / W
+        size = 2 if cfg.value_dtype == "bfloat16" else 4
         run = suite[0][case]
         for t, got in enumerate(run["bytes"], 1):
             dense = t <= cfg.dense_warmup_steps
-            values = sum(W * (s if dense else k) * 4 for s, k in run["layout"]) * ring
-            masks = sum(
-                W * encoded_nbytes(s, k, cfg.mask_encoding) * ring for s, k in run["layout"]
-            )
+            values = sum((W * (s if dense else n) + 1) * size for s, n in run["layout"]) * ring
+            masks = sum(W * n for _, n in run["layout"]) * ring
             expected = {
                 "grad_values": values,
                 "param_values": values,
-                "scalars": 2 * ring * 8,
                 "masks": masks if t >= cfg.dense_warmup_steps else 0.0,
             }
             assert {k: got.get(k, 0.0) for k in expected} == pytest.approx(expected), f"step {t}"
 
 
 def test_four_ranks_match_the_simulator(four):
-    """W=4, within a stated tolerance: gloo's ring reduce-scatter adds the four terms in another
-    order than the simulator's rank order, so a synced value can differ in its last bits. Where
-    the four terms nearly cancel that is a large *relative* change of a tiny gradient, and
-    AdamS's first steps are sign-like (about lr / sqrt(1 - beta2) = 9e-3 here), so a param may
-    move differently by up to a few 1e-6 (2.2e-6 observed). Masks (the discrete decisions) must
-    agree exactly at every step; params within 1e-4 (5% of lr); norms within 1e-5 relative."""
-    for case in ("gpt", "llama"):
-        for step, s in enumerate(four[0][case]["sim"], 1):
-            assert s["masks_equal"], f"{case} step {step}"
-            assert s["max_abs_diff"] < 1e-4, f"{case} step {step}: {s['max_abs_diff']}"
-            assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-5)
+    """W=4, within stated tolerances: gloo's ring all-reduce adds the four terms in another
+    order than the simulator's rank order, so a synced value can differ in its last bits.
+
+    GPT (rms update, fp32 wire): a normalized update (q / sqrt(v)) can turn that into a
+    slightly larger change where q is tiny; params within 1e-4 (5% of lr), masks exact.
+    Llama (sign update, bf16 wire): where q is within bf16 rounding of 0 its sign can flip, so
+    a few entries differ by up to 2 lr; under 1% of them at any step (0.26% seen)."""
+    lr = _spec().lr
+    for step, s in enumerate(four[0]["gpt"]["sim"], 1):
+        assert s["masks_equal"], f"gpt step {step}"
+        assert s["max_abs_diff"] < 1e-4, f"gpt step {step}: {s['max_abs_diff']}"
+        assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-5)
+    for step, s in enumerate(four[0]["llama"]["sim"], 1):
+        assert s["frac_diff"] < 1e-2, f"llama step {step}: {s['frac_diff']}"
+        assert s["max_abs_diff"] <= 2 * lr * 1.01, f"llama step {step}: {s['max_abs_diff']}"
+        assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-3)
 
 
 def test_checkpoint_resume_in_fresh_processes_is_bit_identical(two, resumed):
@@ -473,6 +467,7 @@ def test_checkpoint_resume_in_fresh_processes_is_bit_identical(two, resumed):
 
 def test_checkpoint_refuses_other_sparsity_and_world_size(resumed, four):
     for r in resumed:
-        assert "density 0.05" in r["mismatch"] and "uses 0.2" in r["mismatch"]
+        assert "3 of every 48 coefficients saved" in r["mismatch"]
+        assert "sends 6 of every 48" in r["mismatch"]
     assert "2 data-parallel ranks, this run has 4" in four[0]["load_2rank_ckpt"]
     assert "FileNotFoundError" in four[3]["load_2rank_ckpt"]

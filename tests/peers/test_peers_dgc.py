@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from peers_common import FakeBucket, digest, split, weights_only_round_trip
+from scape.masks import num_selected
 
 from scape.comm import GRAD_VALUES, MASKS, ring_bytes_per_rank
-from scape.masks import num_selected
 from scape.peers import DGCConfig, DGCHook
 
 N, STEPS = 1000, 4

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.quality_study import plan_runs, plot_groups
+from pipelines.quality_study import plan_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,10 +38,13 @@ def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
     assert [s.seed for s in plan] == [0] * n_core + [1] * n_core + [5] * n_abl
     assert all(s.variant.core for s in plan[: 2 * n_core])
     assert len({s.run_id for s in plan}) == len(plan)
-    groups = plot_groups(cfg.variants)
-    assert groups[0] == ("core", [k for k, v in cfg.variants.items() if v.core])
-    assert {"90% sparse", "99% sparse"} <= {t for t, _ in groups[1:]}
-    assert all(g[0] == "adams" for _, g in groups[1:])  # each row has its dense reference
+    grid = plan_runs(
+        compose_study("lr_scales=[0.5,2]", "only_models=[llama]", "only_variants=[adams]")
+    )
+    assert [s.run_id for s in grid] == [
+        "llama__adams__s0__t300__lr0.5",
+        "llama__adams__s0__t300__lr2",
+    ]
 
 
 # ---------------------------------------------------------------- end to end (subprocess)
@@ -97,7 +100,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(prepared: Path, t
     runs = out / "runs"
     names = sorted(p.name for p in runs.iterdir())
     assert names == [f"llama__{v}__s0__t12.jsonl" for v in ("adams", "r0ef_99")]
-    for name in ("summary.md", "summary.csv", "loss_llama.png"):
+    for name in ("summary.md", "runs.csv", "loss_llama_t12.png"):
         assert (out / name).stat().st_size > 0
     recs = _records(runs / "llama__r0ef_99__s0__t12.jsonl")
     header, steps, final = recs[0], recs[1:-1], recs[-1]
@@ -105,17 +108,15 @@ def test_quick_study_end_to_end_then_resumes_deterministically(prepared: Path, t
     assert header["steps"] == 12 and header["lr_scale"] == 1.0
     assert [s["step"] for s in steps] == list(range(1, 13))
     assert [s["step"] for s in steps if "val_loss" in s] == [5, 10, 12]
-    for key in ("tokens", "loss", "lr", "grad_norm", "bytes", "residual_norm", "max_age"):
+    for key in ("tokens", "loss", "lr", "grad_norm", "bytes"):
         assert all(key in s for s in steps), key
     assert steps[-1]["tokens"] == 12 * 4 * 2 * 32
-    assert steps[0]["mask_overlap"] is None and 0 <= steps[-1]["mask_overlap"] <= 1
-    assert steps[-1]["max_age"] >= 1 and steps[-1]["residual_norm"] > 0
     assert abs(final["final_val_loss"] - steps[-1]["val_loss"]) < 0.5 and not final["diverged"]
     assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
     dense = _records(runs / "llama__adams__s0__t12.jsonl")
     assert dense[-2]["bytes"] > 50 * steps[-1]["bytes"]  # 99% sparse sends far less
     summary = (out / "summary.md").read_text()
-    assert "R0-99 EF" in summary and "+0.00" in summary
+    assert "R0-99 EF" in summary and "0 (reference)" in summary
 
     # Resume: a finished run is kept; an interrupted one (only its .partial file, cut short)
     # is redone from scratch, and the redo reproduces the original numbers exactly.

@@ -1,31 +1,43 @@
-"""The quality study's report: gaps, spread, divergence and bytes per variant."""
+"""The quality study's report: runs indexed by horizon and lr, best-lr choice, paired gaps,
+divergence, the lr grid table and the cost of each reading."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipelines.studies.quality_report import RunLog, summarize
+from pipelines.studies.quality_config import VariantSpec
+from pipelines.studies.quality_report import RunIndex, RunLog, gap_cell, lr_table
+from pipelines.studies.reading_costs import reading_cost
 
 
-def _log(model: str, variant: str, val: float, seed: int, *, diverged=False, nbytes=100.0):
-    steps = [{"step": 1, "tokens": 8, "loss": val, "bytes": nbytes, "max_age": 3}]
-    final = {"event": "final", "final_val_loss": val, "diverged": diverged}
-    return RunLog({"model": model, "variant": variant, "seed": seed}, steps, final)
+def _log(variant: str, val: float, seed: int, *, steps=100, lr=1.0, diverged=False):
+    header = {"model": "m", "variant": variant, "seed": seed, "steps": steps, "lr_scale": lr}
+    steps_ = [{"step": 1, "tokens": 8, "loss": val, "bytes": 1.0, "val_loss": val}]
+    return RunLog(header, steps_, {"event": "final", "final_val_loss": val, "diverged": diverged})
 
 
-def test_summary_gap_spread_divergence_and_bytes() -> None:
-    runs = [
-        _log("m", "adams", 4.0, 0),
-        _log("m", "adams", 4.2, 1),
-        _log("m", "scape99", 4.1, 0, nbytes=5.0),
-        _log("m", "scape99", 4.3, 1, nbytes=5.0, diverged=True),
-    ]
-    rows = {r.variant: r for r in summarize(runs, ["adams", "scape99"])}
-    assert rows["adams"].gap_pct == 0.0 and rows["adams"].bytes_ratio == 1.0
-    assert rows["adams"].val_std == pytest.approx(0.1414, abs=1e-4)
-    assert rows["scape99"].gap_pct == pytest.approx(100 * 0.1 / 4.1)
-    assert rows["scape99"].diverged == 1 and rows["scape99"].bytes_ratio == 0.05
-    assert rows["scape99"].max_age == 3
-    # paired by seed: +2.5% and +2.38%
-    assert rows["scape99"].paired_gap_pct == pytest.approx(50 * (0.1 / 4.0 + 0.1 / 4.2))
-    assert rows["adams"].paired_gap_pct == 0.0 and rows["adams"].paired_gap_std == 0.0
+def test_each_method_at_its_own_best_lr_paired_by_seed() -> None:
+    index = RunIndex([
+        _log("adams", 4.0, 0), _log("adams", 3.8, 0, lr=0.5), _log("adams", 3.9, 1, lr=0.5),
+        _log("x", 4.2, 0), _log("x", 4.1, 0, lr=2.0), _log("x", 4.3, 1, lr=2.0),
+        _log("y", 4.0, 0, diverged=True),
+    ])  # fmt: skip
+    assert index.best_lr("m", "adams", 100) == 0.5 and index.best_lr("m", "x", 100) == 2.0
+    cell = gap_cell(index, "m", "x", 100)
+    assert cell.lr == 2.0
+    assert cell.gaps == pytest.approx([100 * 0.3 / 3.8, 100 * 0.4 / 3.9])
+    assert cell.loss == pytest.approx(4.2)
+    assert gap_cell(index, "m", "y", 100).gaps == [float("inf")]  # diverged: never "best"
+    table = lr_table(index, ["adams", "x"], {}, ["m"], 100)
+    assert "| adams | m | 3.800 | 4.000 | - | x0.5 |" in table
+
+
+def test_costs_at_the_paper_shape() -> None:
+    n, w = 1_800_000_000, 32
+    dense = reading_cost(VariantSpec(method="adams"), n, w)
+    assert dense.bytes_per_step == pytest.approx(2 * 2 * n * 31 / 32)
+    scape99 = reading_cost(VariantSpec(method="scape", options={"chunk": 100, "k": 1}), n, w)
+    # values 2 x 2 bytes x n / 100, masks one 7-bit offset per selected coefficient
+    assert scape99.bytes_per_step == pytest.approx((4 * n / 100 + n / 100 * 7 / 8) * 31 / 32)
+    assert dense.bytes_per_step / scape99.bytes_per_step > 80
+    assert scape99.memory == pytest.approx(3 * 4 * n)  # moment, fp32 params, second moment

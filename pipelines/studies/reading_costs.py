@@ -1,0 +1,85 @@
+"""What each reading costs at the paper's shapes: bytes per rank per step and optimizer memory.
+
+Formulas, not measurements (the byte counters of the simulator and the communicator are
+tested to equal them at small sizes). Ring collectives: a reduce-scatter or all-gather of
+T bytes costs each rank (W - 1) / W * T. Values travel in bf16 (2 bytes), as the reference
+doc's table assumes for dense ZeRO-1 and SCAPE alike. Optimizer memory counts what a rank
+holds beyond the model's own bf16 params and fp32 gradient buffer, which every method has.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scape.encoding import encoded_nbytes
+
+from pipelines.studies.quality_config import VariantSpec
+from scape.comm import ring_bytes_per_rank
+from scape.peers.dgc import num_selected
+
+__all__ = ["ReadingCost", "reading_cost"]
+
+VALUE_BYTES = 2  # bf16 on the wire
+FP32 = 4
+SHARD_BUCKET = 40_000_000  # Megatron's default bucket at this scale, for the mask encodings
+
+
+@dataclass(frozen=True)
+class ReadingCost:
+    bytes_per_step: float  # per rank, all collectives of one step
+    mask_bytes: float  # the part of bytes_per_step that is mask indices
+    memory: float  # optimizer state per rank, bytes
+    memory_note: str
+
+
+def _mask_bytes_per_shard_layout(n: int, w: int, density: float) -> float:
+    """All-gather of every owner's mask of every bucket, in the cheapest fixed encoding."""
+    buckets = max(1, math.ceil(n / SHARD_BUCKET))
+    shard = math.ceil(n / buckets / w)
+    k = num_selected(shard, density)
+    return ring_bytes_per_rank(encoded_nbytes(shard, k, "auto") * w * buckets, w)
+
+
+def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
+    """Bytes and memory of ``variant`` for an ``n``-parameter model on ``w`` ranks."""
+    dense_values = 2 * ring_bytes_per_rank(n * VALUE_BYTES, w)  # reduce-scatter + all-gather
+    zero1 = 2 * FP32 * n / w  # sharded fp32 main params and AdamS's m
+    rho = variant.exchanged_density()
+    if variant.method in ("adams", "adamw") or rho >= 1.0:
+        extra = FP32 * n / w if variant.method != "adams" else 0.0  # AdamW's / RMSprop's v
+        return ReadingCost(dense_values, 0.0, zero1 + extra, "ZeRO-1: main params, m (, v)")
+    values = 2 * ring_bytes_per_rank(rho * n * VALUE_BYTES, w)
+    if variant.method == "scape":  # the library's step: a local-moment reading
+        options = {"reading": "local", "chunk": 100, "update": "rms", **variant.options}
+    else:
+        options = variant.options
+    kind, chunk = options.get("reading"), options.get("chunk", 64)
+    if kind == "local" or (kind == "owner" and options.get("basis") == "dct"):
+        index_bits = max(1, math.ceil(math.log2(chunk)))
+        masks = ring_bytes_per_rank(rho * n * index_bits / 8, w)
+        if kind == "local" and options.get("mask_owner") == "per_rank":
+            # every rank's own values and indices, all-gathered: grows with W
+            sent = rho * n * (VALUE_BYTES + index_bits / 8) * w
+            memory, note = _local_memory(options, n)
+            return ReadingCost(ring_bytes_per_rank(sent, w), 0.0, memory, note)
+    else:
+        masks = _mask_bytes_per_shard_layout(n, w, rho)
+    total = values + masks
+    if kind == "local":
+        memory, note = _local_memory(options, n)
+    elif kind == "owner" and options.get("off_mask", "freeze") != "freeze":
+        memory, note = 2 * FP32 * n, "replicated m and fp32 main params"
+    else:
+        ef = options.get("error_feedback", False)
+        memory = zero1 + FP32 * n / w + (FP32 * n if ef else 0.0)  # + age (int32)
+        note = "ZeRO-1 + age" + (" + local residual" if ef else "")
+    return ReadingCost(total, masks, memory, note)
+
+
+def _local_memory(options: dict, n: int) -> tuple[float, str]:
+    """Local moment (every entry) + replicated fp32 main params + the update's own state."""
+    update = options.get("update", "rms")
+    state = {"sign": 0, "rms": 1, "adams": 1, "adam": 2}[update]
+    names = {"sign": "", "rms": " + v", "adams": " + M", "adam": " + M + v"}[update]
+    return FP32 * n * (2 + state), f"local moment + replicated fp32 main params{names}"

@@ -1,0 +1,106 @@
+"""The chunked DCT in which SCAPE selects, sends and removes first-moment mass.
+
+A shard of S entries is read as ``S // C`` chunks of C entries and, when C does not divide
+S, one shorter tail chunk of ``S % C`` entries, each in its own orthonormal DCT-II basis.
+A mask keeps k coefficients per chunk (``min(k, tail)`` in the tail): because the basis is
+orthonormal, removing the sent coefficients from a moment removes exactly the mass that was
+sent (conservation), and decoding a few coefficients per chunk moves every entry of the chunk.
+
+Masks are chunk-relative offsets, one int64 tensor of ``num_selected`` entries per shard:
+the first ``full * k`` are chunk-major ``(full, k)``, then the tail's. Offsets are below
+C <= 256, so a mask travels as one byte per selected coefficient.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+__all__ = ["ShardBasis", "dct_matrix"]
+
+MAX_CHUNK = 256  # one byte per chunk-relative offset on the wire
+
+
+@lru_cache(maxsize=32)
+def _dct_cpu(size: int) -> Tensor:
+    n = torch.arange(size, dtype=torch.float64)
+    d = torch.cos(math.pi / size * (n[None, :] + 0.5) * n[:, None]) * math.sqrt(2.0 / size)
+    d[0] /= math.sqrt(2.0)
+    return d.float()
+
+
+def dct_matrix(size: int, device: torch.device | str = "cpu") -> Tensor:
+    """Orthonormal DCT-II, rows are basis vectors: ``coefs = x @ D.T``, ``x = coefs @ D``.
+
+    Built in float64 and rounded once, so every rank and process holds the same bits. (C, C)
+    """
+    if size < 1:
+        raise ValueError(f"DCT size must be >= 1, got {size}")
+    return _dct_cpu(size).to(device)
+
+
+class ShardBasis:
+    """Chunked DCT of one shard: transform, top-k selection, projection and synthesis."""
+
+    def __init__(self, size: int, chunk: int, k: int, device: torch.device | str = "cpu") -> None:
+        if not 1 <= chunk <= MAX_CHUNK:
+            raise ValueError(f"chunk={chunk} must be in [1, {MAX_CHUNK}] (one-byte offsets)")
+        if not 1 <= k <= chunk:
+            raise ValueError(f"k={k} must be in [1, chunk={chunk}]")
+        if size < 1:
+            raise ValueError(f"shard size must be >= 1, got {size}")
+        self.size, self.chunk, self.k = size, chunk, k
+        self.full, self.tail = divmod(size, chunk)
+        self.k_tail = min(k, self.tail)
+        self.num_selected = self.full * k + self.k_tail
+        self.split = self.full * chunk  # where the tail starts
+        self._d = dct_matrix(chunk, device)
+        self._d_tail = dct_matrix(self.tail, device) if self.tail else None
+
+    # ------------------------------------------------------------------ whole transform
+    def transform(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Coefficients of ``x`` (..., S): full chunks (..., full, C) and the tail (..., L)."""
+        head = x[..., : self.split].reshape(*x.shape[:-1], self.full, self.chunk) @ self._d.T
+        tail = x[..., self.split :] @ self._d_tail.T if self._d_tail is not None else None
+        return head, tail
+
+    def select(self, moment: Tensor) -> Tensor:
+        """The mask: in every chunk, the k coefficients of ``moment`` (S,) largest in
+        magnitude, in ascending order of offset. (num_selected,) int64"""
+        head, tail = self.transform(moment)
+        parts = [head.abs().topk(self.k, dim=-1, sorted=False).indices.sort(-1).values.reshape(-1)]
+        if tail is not None:
+            parts.append(tail.abs().topk(self.k_tail, sorted=False).indices.sort().values)
+        return torch.cat(parts)
+
+    # ------------------------------------------------------------------ at a mask
+    # ``mask`` may carry leading batch dims matching ``x`` / ``values`` (one mask per shard).
+    def _rows(self, mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The selected basis vectors: (..., full, k, C) and the tail's (..., k_tail, L)."""
+        n_head = self.full * self.k
+        head = self._d[mask[..., :n_head].reshape(*mask.shape[:-1], self.full, self.k)]
+        tail = self._d_tail[mask[..., n_head:]] if self._d_tail is not None else None
+        return head, tail
+
+    def gather(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Coefficients of ``x`` (..., S) at ``mask``: (..., num_selected), by projection."""
+        head_rows, tail_rows = self._rows(mask)
+        chunks = x[..., : self.split].reshape(*x.shape[:-1], self.full, 1, self.chunk)
+        parts = [(chunks * head_rows).sum(-1).reshape(*x.shape[:-1], -1)]
+        if tail_rows is not None:
+            parts.append((x[..., self.split :].unsqueeze(-2) * tail_rows).sum(-1))
+        return torch.cat(parts, dim=-1)
+
+    def synthesize(self, values: Tensor, mask: Tensor) -> Tensor:
+        """The entries (..., S) whose coefficients are ``values`` (..., num_selected) at
+        ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector)."""
+        head_rows, tail_rows = self._rows(mask)
+        n_head = self.full * self.k
+        head_vals = values[..., :n_head].reshape(*values.shape[:-1], self.full, self.k, 1)
+        parts = [(head_vals * head_rows).sum(-2).reshape(*values.shape[:-1], self.split)]
+        if tail_rows is not None:
+            parts.append((values[..., n_head:].unsqueeze(-1) * tail_rows).sum(-2))
+        return torch.cat(parts, dim=-1)

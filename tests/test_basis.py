@@ -1,0 +1,54 @@
+"""The chunked DCT: orthonormal, exact top-k per chunk, projection equals the transform, and
+synthesis removes exactly the selected coefficients (what conservation rests on)."""
+
+import pytest
+import torch
+
+from scape.basis import MAX_CHUNK, ShardBasis, dct_matrix
+
+
+def test_dct_matrix_is_orthonormal_and_the_same_every_call():
+    for size in (1, 7, 100, 256):
+        d = dct_matrix(size)
+        assert torch.allclose(d @ d.T, torch.eye(size), atol=1e-5)
+    assert torch.equal(dct_matrix(100), dct_matrix(100))
+
+
+@pytest.mark.parametrize(
+    "size,chunk,k", [(1000, 100, 1), (1037, 100, 3), (50, 100, 1), (300, 64, 64)]
+)
+def test_select_gather_synthesize(size, chunk, k):
+    torch.manual_seed(0)
+    basis = ShardBasis(size, chunk, k)
+    assert basis.num_selected == (size // chunk) * k + min(k, size % chunk)
+    x = torch.randn(3, size)
+    masks = torch.stack([basis.select(x[i]) for i in range(3)])
+    head, tail = basis.transform(x)
+    for i in range(3):  # the k largest |coefficients| of every chunk, offsets ascending
+        m = masks[i, : basis.full * k].view(basis.full, k)
+        assert bool((m[:, 1:] > m[:, :-1]).all())
+        chosen = head[i].abs().gather(-1, m)
+        others = head[i].abs().scatter(-1, m, -1.0)
+        assert bool((chosen.min(-1).values >= others.max(-1).values).all())
+    values = basis.gather(x, masks)
+    flat = torch.cat([head.reshape(3, -1), *([tail] if tail is not None else [])], -1)
+    pos = []
+    for i in range(3):
+        head_pos = (
+            masks[i, : basis.full * k].view(basis.full, k)
+            + torch.arange(basis.full)[:, None] * chunk
+        )
+        pos.append(torch.cat([head_pos.reshape(-1), masks[i, basis.full * k :] + basis.split]))
+    assert torch.allclose(values, flat.gather(-1, torch.stack(pos)), atol=1e-5)
+    rest = x - basis.synthesize(values, masks)
+    assert basis.gather(rest, masks).abs().max() < 1e-5  # sent coefficients are removed
+    assert torch.allclose(
+        rest.square().sum(-1), x.square().sum(-1) - values.square().sum(-1), rtol=1e-4, atol=1e-3
+    )
+
+
+def test_bad_shapes_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=f"chunk=300 must be in \\[1, {MAX_CHUNK}\\]"):
+        ShardBasis(1000, 300, 1)
+    with pytest.raises(ValueError, match="k=5 must be in \\[1, chunk=4\\]"):
+        ShardBasis(1000, 4, 5)
