@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from peers_common import FakeBucket, digest, split, weights_only_round_trip
-from scape.masks import num_selected
 
 from scape.comm import GRAD_VALUES, MASKS, ring_bytes_per_rank
 from scape.peers import DGCConfig, DGCHook
+from scape.peers.dgc import num_selected
 
 N, STEPS = 1000, 4
 SHAPES = [(30, 20), (20,), (10, 30)]  # bucket 0 holds the first two, bucket 1 the third
