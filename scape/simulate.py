@@ -106,6 +106,7 @@ class Simulator:
         self.step_count = 0
         named = list(model.named_parameters())
         self.params = [p for _, p in named]
+        self.device = self.params[0].device  # state lives where the model does
         self.decays = [decay_filter(n, p) for n, p in named]
         if method == "scape":
             self._init_scape(layout)
@@ -131,11 +132,11 @@ class Simulator:
         self.bind_flat_params(layout or FlatLayout.contiguous([p.numel() for p in self.params], W))
         total = self.layout.total
         self.bases = [
-            ShardBasis(self.layout.shard_size(b), cfg.chunk, cfg.k)
+            ShardBasis(self.layout.shard_size(b), cfg.chunk, cfg.k, self.device)
             for b in range(len(self.layout.buckets))
         ]
-        self.moment = torch.zeros(W, total)  # each worker's own first moment
-        self.second_moment = torch.zeros(total) if cfg.update == "rms" else None
+        self.moment = torch.zeros(W, total, device=self.device)  # each worker's own moment
+        self.second_moment = torch.zeros(total, device=self.device) if cfg.update == "rms" else None
         self.updates = 0  # accepted steps (the rebuilt second moment's bias correction)
         # masks[b]: (W, n) the shards' masks for the coming step; None before the first
         self.masks: list[Tensor] | None = None
@@ -148,8 +149,8 @@ class Simulator:
         if layout.world_size != self.world_size or len(layout.param_offsets) != len(self.params):
             raise ValueError("layout does not match the model's parameters or world size")
         self.layout = layout
-        self.flat_param = torch.zeros(layout.total)
-        self.decay_mask = torch.zeros(layout.total, dtype=torch.bool)
+        self.flat_param = torch.zeros(layout.total, device=self.device)
+        self.decay_mask = torch.zeros(layout.total, dtype=torch.bool, device=self.device)
         for p, off, d in zip(self.params, layout.param_offsets, self.decays, strict=True):
             self.flat_param[off : off + p.numel()].copy_(p.detach().view(-1))
             p.data = self.flat_param[off : off + p.numel()].view_as(p)
@@ -207,7 +208,7 @@ class Simulator:
         norm = torch.sqrt(
             sum(
                 (p.grad.double().square().sum() for p in self.params),
-                torch.zeros((), dtype=torch.float64),
+                torch.zeros((), dtype=torch.float64, device=self.device),
             )
         ).float()
         n = sum(p.numel() for p in self.params)
@@ -234,7 +235,7 @@ class Simulator:
         return StepResult(self.step_count, loss, float(norm), False, bytes_)
 
     def _flat_grads(self, grads: list[list[Tensor]]) -> Tensor:
-        flat = torch.zeros(self.world_size, self.layout.total)
+        flat = torch.zeros(self.world_size, self.layout.total, device=self.device)
         for w, per_param in enumerate(grads):
             for g, off in zip(per_param, self.layout.param_offsets, strict=True):
                 flat[w, off : off + g.numel()] = g.view(-1)

@@ -1,11 +1,12 @@
 """GPU readiness check: one prepared run, offline, under 8 minutes on one CUDA GPU.
 
-1. A few dense-AdamS and SCAPE steps (density 0.1 and 0.01) of GPT-345M through Megatron on
+1. A few dense-AdamS and SCAPE steps (90% and 99% sparsity) of GPT-345M through Megatron on
    one GPU (W=1, NCCL, bf16 params, fp32 main params): step times, losses, bytes.
-2. A micro-benchmark of SCAPE's per-step kernels at Llama-1.8B shard sizes for W=32 (the
-   work one rank of 32 does): mask selection (exact top-k and sampled threshold), mask
-   encode/decode, packing the gradient buffer at the masks, and scattering the gathered
-   params, timed with CUDA events, against the dense AdamS update of the same shard.
+2. A micro-benchmark of SCAPE's per-step kernels at Llama-1.8B sizes for W=32 (the work one
+   rank of 32 does): the owner's mask selection (top-k per chunk of its shards' DCT), packing
+   the candidate moment at every shard's mask, removing what was sent, decoding the summed
+   buffer and the rms update of every entry, timed with CUDA events, against the dense
+   AdamS update of the rank's ZeRO-1 shard (what the dense baseline does per step).
 
 Writes ``results/gpu/gpu_check_<gpu>_<utc date>.json`` with the GPU name, versions and date.
 Without CUDA it says so and exits 0 without writing anything (``--cpu-smoke`` runs the same
@@ -31,12 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scape.adams import adams_update_  # noqa: E402
-from scape.comm import bucket_positions  # noqa: E402
-from scape.config import ScapeConfig  # noqa: E402
-from scape.encoding import decode_mask, encode_mask  # noqa: E402
-from scape.masks import num_selected  # noqa: E402
+from scape.basis import ShardBasis  # noqa: E402
 from scape.megatron.models import SHAPES, count_params  # noqa: E402
-from scape.shard import next_mask, pack_values  # noqa: E402
+from scape.shard import accumulate, commit_moment_, decode, owner_mask, pack, rms_update_  # noqa: E402
 
 
 def environment() -> dict:
@@ -94,22 +92,18 @@ class Timer:
 
 
 def kernel_microbench(
-    *, total_params: int, world_size: int, bucket_size: int, densities, device, repeats: int
+    *, total_params: int, world_size: int, bucket_size: int, sparsities, device, repeats: int
 ) -> dict:
     """One rank's SCAPE kernels per step for a model of ``total_params`` in Megatron-like buckets
-    (``bucket_size`` elements, padded to a multiple of lcm(W, 128)), W ranks."""
+    (``bucket_size`` elements, padded to a multiple of lcm(W, 128)), W ranks, chunks of 100."""
     pad = math.lcm(world_size, 128)
     bucket = math.ceil(bucket_size / pad) * pad
     n_buckets = math.ceil(total_params / bucket)
     shard = bucket // world_size
-    total = n_buckets * bucket
     timer = Timer(device, repeats)
     gen = torch.Generator(device=device).manual_seed(0)
-    residual = torch.randn(total, device=device, generator=gen)
-    grad = torch.randn(total, device=device, generator=gen)
-    params = torch.randn(total, device=device, generator=gen).to(torch.bfloat16)
-    exp_avg = torch.randn(shard, device=device, generator=gen)
-    age = torch.zeros(shard, dtype=torch.int32, device=device)
+    moment = torch.randn(bucket, device=device, generator=gen)
+    grad = torch.randn(bucket, device=device, generator=gen)
     out = {
         "total_params": total_params,
         "world_size": world_size,
@@ -118,65 +112,70 @@ def kernel_microbench(
         "shard_elems": shard,
         "per_rank_owned_elems": n_buckets * shard,
     }
-    # Dense reference: AdamS on the rank's whole shard (what ZeRO-1 dense does per step).
+    # Dense reference: AdamS on the rank's whole ZeRO-1 shard (the dense baseline's update).
     own = torch.randn(n_buckets * shard, device=device, generator=gen)
     own_m, own_g = torch.zeros_like(own), torch.randn_like(own)
     out["dense_adams_update_s"] = timer(
         lambda: adams_update_(own, own_m, own_g, step=10, lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
     )
-    for density in densities:
-        k = num_selected(shard, density)
-        row = {"k_per_shard": k}
-        for selection in ("topk", "sampled_threshold"):
-            cfg = ScapeConfig(density=density, selection=selection)
-
-            def select(cfg=cfg):
-                for b in range(n_buckets):
-                    next_mask(cfg, exp_avg=exp_avg, local_accum=None, age=age, step=2, shard_id=b)
-
-            row[f"select_{selection}_s"] = timer(select)
-        mask = next_mask(ScapeConfig(density=density), exp_avg=exp_avg, local_accum=None, age=age,
-                         step=2, shard_id=0)  # fmt: skip
-        masks = [mask] * world_size
-        positions = bucket_positions(masks, shard)
-        for enc in ("offset16", "bitmap"):
-            payload = encode_mask(mask, shard, enc)
-
-            def encode_all(mask=mask, enc=enc):
-                return [encode_mask(mask, shard, enc) for _ in range(n_buckets)]
-
-            def decode_all(payload=payload, k=k, enc=enc):
-                return [decode_mask(payload, shard, k, enc) for _ in range(n_buckets * world_size)]
-
-            row[f"encode_{enc}_s"] = timer(encode_all)
-            row[f"decode_{enc}_all_ranks_s"] = timer(decode_all)
-
-        def pack(positions=positions):
-            for b in range(n_buckets):
-                sl = slice(b * bucket, (b + 1) * bucket)
-                pack_values(residual[sl], grad[sl], positions, world_size=world_size,
-                            value_dtype="bfloat16")  # fmt: skip
-
-        gathered = torch.randn(positions.numel(), device=device).to(torch.bfloat16)
-
-        def scatter(positions=positions, gathered=gathered):
-            for b in range(n_buckets):
-                params[b * bucket : (b + 1) * bucket][positions] = gathered
-
-        row["pack_s"] = timer(pack)
-        row["scatter_params_s"] = timer(scatter)
-        row["bytes_moved_pack"] = n_buckets * positions.numel() * (4 + 4 + 8 + 2)
-        out[f"density_{density}"] = row
+    for sparsity in sparsities:
+        out[f"sparsity_{sparsity}"] = _time_kernels(
+            timer, moment, grad, sparsity=sparsity, shard=shard, n_buckets=n_buckets,
+            world_size=world_size,
+        )  # fmt: skip
     return out
 
 
+def _time_kernels(timer, moment, grad, *, sparsity, shard, n_buckets, world_size) -> dict:
+    """The per-step kernels of one rank at one sparsity, over all its buckets."""
+    device, bucket = moment.device, moment.numel()
+    k = round((1 - sparsity) * 100)
+    basis = ShardBasis(shard, 100, k, device)
+    masks = torch.stack(
+        [basis.select(moment[j * shard : (j + 1) * shard]) for j in range(world_size)]
+    )
+    wire = pack(basis, moment, masks, world_size=world_size, value_dtype="bfloat16")
+    target = torch.empty_like(moment)
+    q = torch.empty(n_buckets * bucket, device=device)
+    v, params = torch.ones_like(q), torch.randn_like(q)
+
+    def select():  # the owner: its own shard of every bucket
+        for _ in range(n_buckets):
+            owner_mask(basis, moment[:shard])
+
+    def pack_all():
+        for _ in range(n_buckets):
+            pack(basis, accumulate(moment, grad, 0.999), masks, world_size=world_size,
+                 value_dtype="bfloat16")  # fmt: skip
+
+    def commit_all():
+        for _ in range(n_buckets):
+            commit_moment_(target, moment, basis, masks, wire, world_size=world_size)
+
+    def decode_all():
+        for b in range(n_buckets):
+            q[b * bucket : (b + 1) * bucket] = decode(basis, masks, wire, world_size)
+
+    return {
+        "k_per_chunk": k,
+        "selected_per_shard": basis.num_selected,
+        "select_s": timer(select),
+        "pack_s": timer(pack_all),
+        "commit_s": timer(commit_all),
+        "decode_s": timer(decode_all),
+        "rms_update_all_entries_s": timer(
+            lambda: rms_update_(params, v, q, step=10, lr=1e-4, beta=0.95, eps=1e-8)
+        ),
+    }
+
+
 def megatron_steps(
-    *, shape: str, steps: int, warmup: int, batch: int, densities, cpu: bool
+    *, shape: str, steps: int, warmup: int, batch: int, sparsities, cpu: bool
 ) -> list:
     from scape.megatron.steptime import time_steps
     from scape.testing import run_distributed
 
-    runs = [("dense", None)] + [("scape", d) for d in densities]
+    runs = [("dense", None)] + [("scape", 1.0 - s) for s in sparsities]
     results = []
     for method, density in runs:
         (res,) = run_distributed(
@@ -214,21 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_smoke:
         device = torch.device("cpu")
         report["megatron"] = megatron_steps(
-            shape="tiny-gpt", steps=2, warmup=1, batch=2, densities=[0.1], cpu=True
+            shape="tiny-gpt", steps=2, warmup=1, batch=2, sparsities=[0.9], cpu=True
         )
         report["kernels"] = kernel_microbench(
-            total_params=200_000, world_size=32, bucket_size=40_000, densities=[0.1],
+            total_params=200_000, world_size=32, bucket_size=40_000, sparsities=[0.9],
             device=device, repeats=2,
         )  # fmt: skip
     else:
         device = torch.device("cuda")
         report["megatron"] = megatron_steps(
-            shape="gpt-345m", steps=8, warmup=2, batch=8, densities=[0.1, 0.01], cpu=False
+            shape="gpt-345m", steps=8, warmup=2, batch=8, sparsities=[0.9, 0.99], cpu=False
         )
         # Megatron's default bucket size at W=32: max(4e7, 1e6 * W) elements.
         report["kernels"] = kernel_microbench(
             total_params=count_params(SHAPES["llama-1.8b"]), world_size=32,
-            bucket_size=max(40_000_000, 1_000_000 * 32), densities=[0.1, 0.01],
+            bucket_size=max(40_000_000, 1_000_000 * 32), sparsities=[0.9, 0.99],
             device=device, repeats=5,
         )  # fmt: skip
     report["status"] = "ok"

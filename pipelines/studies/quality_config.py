@@ -62,6 +62,7 @@ class ScaleConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     max_grad_norm: float = 1.0
+    device: str = "cpu"  # "cuda" runs the model and the simulator's state on the GPU
 
 
 @dataclass
@@ -149,7 +150,12 @@ class RunSpec:
             "variant": {"method": self.variant.method, "options": self.variant.options},
             "seed": self.seed,
             "data": Path(self.data_dir).name,  # the prepared dataset's <corpus>__<tokenizer>
-            "scale": {k: v for k, v in asdict(self.scale).items() if k not in ("name", "models")},
+            "scale": {
+                k: v
+                for k, v in asdict(self.scale).items()
+                # the device only when not the CPU, so CPU runs made before it keep theirs
+                if k not in ("name", "models") and (k != "device" or v != "cpu")
+            },
         }
         if self.lr_scale != 1.0:
             payload["lr_scale"] = self.lr_scale

@@ -73,7 +73,7 @@ def build_model(spec: RunSpec, vocab_size: int) -> nn.Module:
     )
     torch.manual_seed(spec.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
-    _, model = build_gpt_model(shape)
+    _, model = build_gpt_model(shape, device=spec.scale.device)
     return model
 
 
@@ -90,7 +90,8 @@ def lm_loss(model: nn.Module, batch: Batch) -> Tensor:
     from scape.megatron.train import forward_loss
 
     tokens, labels = batch
-    return forward_loss(model, tokens, labels)
+    device = next(model.parameters()).device
+    return forward_loss(model, tokens.to(device), labels.to(device))
 
 
 @torch.no_grad()

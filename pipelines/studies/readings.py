@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from scape.adams import adams_update_
+from scape.basis import dct_matrix
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, SCALARS, ring_bytes_per_rank
 from scape.layout import FlatLayout
 from scape.peers.dgc import num_selected  # R0's k per shard: the same rule as DGC's
@@ -43,18 +44,9 @@ __all__ = [
     "ReadingConfig",
     "StaleReplicaSimulator",
     "build_reading_simulator",
-    "dct_matrix",
 ]
 
 READINGS = ("owner", "local", "stale")
-
-
-def dct_matrix(size: int) -> Tensor:
-    """Orthonormal DCT-II, rows are basis vectors: coefs = x @ D.T, x = coefs @ D. (C, C)"""
-    n = torch.arange(size, dtype=torch.float64)
-    d = torch.cos(math.pi / size * (n[None, :] + 0.5) * n[:, None]) * math.sqrt(2.0 / size)
-    d[0] /= math.sqrt(2.0)
-    return d.float()
 
 
 class ChunkBasis:

@@ -37,13 +37,15 @@ def test_kernel_microbench_at_toy_sizes():
         total_params=50_000,
         world_size=4,
         bucket_size=10_000,
-        densities=[0.1],
+        sparsities=[0.9],
         device=torch.device("cpu"),
         repeats=1,
     )
     assert (
         report["bucket_elems"] % 128 == 0 and report["buckets"] * report["bucket_elems"] >= 50_000
     )
-    row = report["density_0.1"]
-    assert row["k_per_shard"] == -(-report["shard_elems"] // 10)
+    row = report["sparsity_0.9"]
+    shard = report["shard_elems"]
+    assert row["k_per_chunk"] == 10
+    assert row["selected_per_shard"] == shard // 100 * 10 + min(10, shard % 100)
     assert all(v >= 0 for k, v in row.items() if k.endswith("_s"))

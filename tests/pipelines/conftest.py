@@ -20,3 +20,31 @@ def compose_study():
             return resolve(compose(config_name="quality_study", overrides=list(overrides)))
 
     return compose_study
+
+
+@pytest.fixture(scope="session")
+def prepared_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 articles of the embedded corpus with a 512-entry BPE (about a second)."""
+    from data_prep.config import (
+        DataConfig,
+        PrepareConfig,
+        SourceKind,
+        TokenizerConfig,
+        TokenizerKind,
+    )
+    from data_prep.prepare import prepare
+
+    cfg = PrepareConfig(
+        data=DataConfig(
+            name="enwiki_slice",
+            kind=SourceKind.embedded,
+            embedded="enwiki_sample",
+            max_documents=16,
+            split_ratios=[0.8, 0.1, 0.1],
+        ),
+        tokenizer=TokenizerConfig(name="bytebpe512", kind=TokenizerKind.bytebpe, vocab_size=512),
+        output_root=str(tmp_path_factory.mktemp("prepared")),
+        num_proc=1,
+        progress=False,
+    )
+    return prepare(cfg).path

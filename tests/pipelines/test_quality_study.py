@@ -48,38 +48,10 @@ def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
 
 
 # ---------------------------------------------------------------- end to end (subprocess)
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """16 articles of the embedded corpus with a 512-entry BPE (about a second)."""
-    from data_prep.config import (
-        DataConfig,
-        PrepareConfig,
-        SourceKind,
-        TokenizerConfig,
-        TokenizerKind,
-    )
-    from data_prep.prepare import prepare
-
-    cfg = PrepareConfig(
-        data=DataConfig(
-            name="enwiki_slice",
-            kind=SourceKind.embedded,
-            embedded="enwiki_sample",
-            max_documents=16,
-            split_ratios=[0.8, 0.1, 0.1],
-        ),
-        tokenizer=TokenizerConfig(name="bytebpe512", kind=TokenizerKind.bytebpe, vocab_size=512),
-        output_root=str(tmp_path_factory.mktemp("prepared")),
-        num_proc=1,
-        progress=False,
-    )
-    return prepare(cfg).path
-
-
-def _quick(prepared: Path, out: Path) -> subprocess.CompletedProcess:
+def _quick(prepared_small: Path, out: Path) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "pipelines.quality_study", "quick=true",
-        f"data_dir={prepared}", f"quick_out_dir={out}", f"cache_dir={out.parent / 'cache'}",
+        f"data_dir={prepared_small}", f"quick_out_dir={out}", f"cache_dir={out.parent / 'cache'}",
         "only_models=[llama]", "quick_variants=[adams,r0ef_99]",
         "quick_scale.steps=12", "quick_scale.eval_interval=5", "quick_scale.val_max_sequences=16",
         f"hydra.run.dir={out.parent / 'hydra'}",
@@ -94,9 +66,11 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_quick_study_end_to_end_then_resumes_deterministically(prepared: Path, tmp_path: Path):
+def test_quick_study_end_to_end_then_resumes_deterministically(
+    prepared_small: Path, tmp_path: Path
+):
     out = tmp_path / "out"
-    _quick(prepared, out)
+    _quick(prepared_small, out)
     runs = out / "runs"
     names = sorted(p.name for p in runs.iterdir())
     assert names == [f"llama__{v}__s0__t12.jsonl" for v in ("adams", "r0ef_99")]
@@ -125,7 +99,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(prepared: Path, t
     cut = "".join(done.read_text().splitlines(keepends=True)[:5])
     done.unlink()
     (runs / "llama__r0ef_99__s0__t12.jsonl.partial").write_text(cut)
-    _quick(prepared, out)
+    _quick(prepared_small, out)
     assert (runs / "llama__adams__s0__t12.jsonl").read_text() == kept
     assert not list(runs.glob("*.partial"))
     again = _records(runs / "llama__r0ef_99__s0__t12.jsonl")

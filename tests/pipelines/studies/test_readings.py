@@ -13,8 +13,8 @@ from pipelines.studies.readings import (
     LocalMomentSimulator,
     ReadingConfig,
     build_reading_simulator,
-    dct_matrix,
 )
+from scape.basis import dct_matrix
 from scape.simulate import OptimizerHParams, Simulator
 
 W = 3
