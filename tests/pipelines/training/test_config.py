@@ -78,7 +78,8 @@ def test_vista_account_comes_from_the_environment(monkeypatch):
             "not divisible by micro_batch_size x world size = 2 x 2; use a multiple of 4, e.g. 12",
         ),
         ("cluster.ranks_per_node=3", "not divisible"),
-        ("optimizer.scape.statistic=gradient", "statistic='gradient' is not one of"),
+        ("optimizer.scape.update=adam", "update='adam' is not one of"),
+        ("optimizer.scape.sparsity=0.995", "sparsity=0.995 is not a whole number of coefficients"),
         ("train.precision=fp8", "train.precision='fp8' is not one of fp32, bf16"),
         ("model.hidden_size=130", "divisible by model.num_attention_heads"),
     ],
@@ -103,7 +104,8 @@ def test_conf_dir_is_the_repository_conf():
 
 
 def test_scape_options_expose_every_scape_config_field():
-    """ScapeOptions is ScapeConfig in the user's terms (sparsity for density), field for field."""
+    """ScapeOptions is ScapeConfig in the user's terms (sparsity for k), field for field, with
+    the library's defaults."""
     import dataclasses
 
     from pipelines.training.config import ScapeOptions
@@ -111,8 +113,10 @@ def test_scape_options_expose_every_scape_config_field():
 
     options = {f.name: f.default for f in dataclasses.fields(ScapeOptions)}
     config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
-    assert options.pop("sparsity") == pytest.approx(1 - config.pop("density"))
+    k = config.pop("k")
+    assert options.pop("sparsity") == pytest.approx(1 - k / config["chunk"])
     assert options == config
+    assert ScapeOptions().to_scape_config() == ScapeConfig()
 
 
 @pytest.mark.parametrize(

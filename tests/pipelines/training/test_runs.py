@@ -14,7 +14,7 @@ def test_a_run_directory_is_not_reused_for_other_settings(tmp_path):
         compose(["optimizer=scape99", f"output_root={tmp_path}", "progress=false"]), run_dir_of(cfg)
     )
     changed = compose(
-        ["optimizer=scape99", f"output_root={tmp_path}", "optimizer.scape.error_feedback=true"]
+        ["optimizer=scape99", f"output_root={tmp_path}", "optimizer.scape.moment_beta=0.9"]
     )
     with pytest.raises(ConfigError, match="holds a run with other settings"):
         claim_run_dir(changed, run_dir_of(changed))
@@ -28,7 +28,7 @@ def test_options_of_other_optimizers_do_not_orphan_a_run(tmp_path):
     run_dir = run_dir_of(cfg)
     claim_run_dir(cfg, run_dir)
     saved = OmegaConf.load(run_dir / "config.yaml")
-    saved.optimizer.scape.error_feedback = not saved.optimizer.scape.error_feedback
+    saved.optimizer.scape.moment_beta = 0.5
     del saved.optimizer["dgc"]  # as written before the peers existed
     saved.train.consistency_check_interval = 7  # bookkeeping: the numbers do not change
     OmegaConf.save(saved, run_dir / "config.yaml")
