@@ -57,6 +57,8 @@ def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
     kind, chunk = options.get("reading"), options.get("chunk", 64)
     if kind == "local" or (kind == "owner" and options.get("basis") == "dct"):
         index_bits = max(1, math.ceil(math.log2(chunk)))
+        if options.get("scope") == "shard":
+            index_bits = 16  # in-shard offsets (offset16)
         masks = ring_bytes_per_rank(rho * n * index_bits / 8, w)
         if kind == "local" and options.get("mask_owner") == "per_rank":
             # every rank's own values and indices, all-gathered: grows with W

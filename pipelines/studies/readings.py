@@ -89,6 +89,9 @@ class ReadingConfig:
     update: str = "rms"  # sign | rms | adam | adams
     v_beta: float = 0.95  # the rebuilt second moment's EMA
     mask_owner: str = "owner"  # owner (one mask per chunk) | per_rank (DeMo proper)
+    # chunk: k per chunk; shard: the owner's k/C * S largest coefficients of its whole shard
+    # (uneven per chunk, so every index travels as a 2-byte in-shard offset)
+    scope: str = "chunk"
     local_clip: bool = False  # clip each rank's fresh gradient by its own norm
     # owner (R0/R1/R4/R5)
     statistic: str = "momentum"  # momentum | raw_gradient
@@ -114,6 +117,8 @@ class ReadingConfig:
             raise ValueError("dense_warmup_steps must be >= 0")
         if self.mask_owner not in ("owner", "per_rank"):
             raise ValueError(f"mask_owner={self.mask_owner!r}")
+        if self.scope not in ("chunk", "shard"):
+            raise ValueError(f"scope={self.scope!r}: use chunk or shard")
 
 
 class _ChunkedSimulator(Simulator):
@@ -190,6 +195,12 @@ class LocalMomentSimulator(_ChunkedSimulator):
 
     def _select(self) -> Tensor:
         coefs = self.basis.forward(self.local_m)  # (W, n_chunks, C)
+        if self.reading.scope == "shard":  # a boolean (n_chunks, C) mask, uneven per chunk
+            own = self._owner_rows(coefs).abs().view(self.world_size, -1)  # (W, S) per shard
+            keep = own.shape[1] * self.k // self.basis.chunk
+            chosen = torch.zeros_like(own, dtype=torch.bool)
+            chosen.scatter_(-1, own.topk(keep, dim=-1).indices, True)
+            return chosen.view(self.n_chunks, -1)
         if self.reading.mask_owner == "per_rank":
             return self._topk_per_chunk(coefs)
         return self._topk_per_chunk(self._owner_rows(coefs))
@@ -216,9 +227,12 @@ class LocalMomentSimulator(_ChunkedSimulator):
                 self.mask_idx = self._select()
             coefs = self.basis.forward(self.local_m)  # (W, n_chunks, C)
             idx = self.mask_idx
-            if idx.dim() == 2:
-                idx = idx.unsqueeze(0).expand(W, -1, -1)
-            sent = torch.zeros_like(coefs).scatter_(-1, idx, coefs.gather(-1, idx))
+            if idx.dtype == torch.bool:
+                sent = coefs * idx
+            else:
+                if idx.dim() == 2:
+                    idx = idx.unsqueeze(0).expand(W, -1, -1)
+                sent = torch.zeros_like(coefs).scatter_(-1, idx, coefs.gather(-1, idx))
             self.local_m.sub_(self.basis.inverse(sent))
             q = self.basis.inverse(sent.mean(0))
             bytes_ = self._shared_bytes(False)
@@ -227,6 +241,8 @@ class LocalMomentSimulator(_ChunkedSimulator):
                 bytes_[GRAD_VALUES] = ring_bytes_per_rank(n_values * 4, W)
                 bytes_[PARAM_VALUES] = 0.0
                 bytes_[MASKS] = ring_bytes_per_rank(n_values * self._index_bytes(), W)
+            if r.scope == "shard":  # 2-byte in-shard offsets (offset16) instead of in-chunk ones
+                bytes_[MASKS] = ring_bytes_per_rank(self.n_chunks * self.k * 2, W)
         self._decay_params(lr)
         self._apply(q, lr)
         if not dense and r.delay_mask:
