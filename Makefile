@@ -12,7 +12,7 @@ SCALE   ?= tiny
 CLUSTER ?= local
 DRY_RUN ?= 0
 
-.PHONY: setup test lint bench-core prepare reproduce-table quality-study peers-study clean-venv
+.PHONY: setup test lint bench-core prepare prefetch reproduce-table quality-study peers-study clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +37,13 @@ lint: $(STAMP)
 # Hydra overrides go in ARGS, e.g. make prepare ARGS="data=openwebtext tokenizer=gpt2"
 prepare: $(STAMP)
 	$(PY) -m pipelines.prepare $(ARGS)
+
+# For clusters whose compute nodes have no internet: run on a login node to fill the shared
+# Hugging Face cache (cluster.hf_home, else $$HF_HOME) with the paper experiments' corpora and
+# tokenizers and the lm-eval task data; the Slurm jobs then read it offline. Idempotent.
+# DRY_RUN=1 lists what it would fetch; ARGS e.g. "experiments=[gpt345m_owt_quality] hf_home=/path".
+prefetch: $(STAMP)
+	$(PY) -m pipelines.prefetch $(if $(filter 1,$(DRY_RUN)),dry_run=true) $(ARGS)
 
 # The main job. Default: tiny GPT + tiny Llama x {AdamW, AdamS, SCAPE-90, SCAPE-99} on 2 local
 # CPU ranks, offline (~15-20 min on 2 cores). SCALE=paper CLUSTER=vista submits the paper's
