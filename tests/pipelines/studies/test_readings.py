@@ -80,8 +80,8 @@ def test_local_reading_sending_everything_is_its_dense_limit() -> None:
     ref = _model()
     decay = [p.ndim >= 2 for p in ref.parameters()]
     rmsprop = torch.optim.Adam(
-        [{"params": [p for p, d in zip(ref.parameters(), decay) if d], "weight_decay": 0.1},
-         {"params": [p for p, d in zip(ref.parameters(), decay) if not d], "weight_decay": 0.0}],
+        [{"params": [p for p, d in zip(ref.parameters(), decay, strict=True) if d], "weight_decay": 0.1},
+         {"params": [p for p, d in zip(ref.parameters(), decay, strict=True) if not d], "weight_decay": 0.0}],
         lr=HP.lr, betas=(0.0, 0.95), eps=HP.eps,
     )  # fmt: skip
     for t in range(10):
@@ -92,11 +92,11 @@ def test_local_reading_sending_everything_is_its_dense_limit() -> None:
         for batch in _batches(t):
             ref.zero_grad()
             _loss(ref, batch).backward()
-            grads = [g + p.grad / W for g, p in zip(grads, ref.parameters())]
-        for p, g in zip(ref.parameters(), grads):
+            grads = [g + p.grad / W for g, p in zip(grads, ref.parameters(), strict=True)]
+        for p, g in zip(ref.parameters(), grads, strict=True):
             p.grad = g
         with torch.no_grad():  # decoupled decay first, as the readings do
-            for p, d in zip(ref.parameters(), decay):
+            for p, d in zip(ref.parameters(), decay, strict=True):
                 if d:
                     p.mul_(1 - HP.lr * HP.weight_decay)
         for group in rmsprop.param_groups:
