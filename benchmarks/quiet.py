@@ -203,12 +203,18 @@ class Protocol:
         return load, time.monotonic() - start
 
 
-def run_round(name: str, fn: Callable[[], dict[str, Any]], protocol: Protocol) -> dict[str, Any]:
+def run_round(
+    name: str,
+    fn: Callable[[], dict[str, Any]],
+    protocol: Protocol,
+    deadline: float | None = None,
+) -> dict[str, Any]:
     """Run ``fn`` (one benchmark round, returning its JSON record) under the protocol.
 
     Returns the last attempt's record plus ``quiet``: every attempt's load before/after,
     other processes' cores, settle wait and verdict, and ``noisy`` (with ``noisy_reason``)
-    when even the last try was disturbed.
+    when even the last try was disturbed. No re-run starts after ``deadline``
+    (``time.monotonic()``), which bounds a benchmark's duration.
     """
     attempts: list[dict[str, Any]] = []
     record: dict[str, Any] = {}
@@ -233,6 +239,9 @@ def run_round(name: str, fn: Callable[[], dict[str, Any]], protocol: Protocol) -
         print(f"   [{name}] try {attempt + 1}: load {load_before:.2f} -> {load_after:.2f}, "
               f"other processes {other:.2f} cores, {wall:.0f} s: {verdict}", flush=True)  # fmt: skip
         if not reasons:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"   [{name}] no re-run: the benchmark's time budget is spent", flush=True)
             break
     last = attempts[-1]
     record["quiet"] = {"attempts": attempts, "load_before": last["load_before"],
