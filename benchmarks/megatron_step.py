@@ -567,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{refusal} -- SKIPPED")
         args.out.write_text(json.dumps({"skipped": f"the machine was busy: {refusal}"}, indent=1))
         return 0
+    if reproduce:  # a run that dies must not leave an older run's step times for the table
+        args.out.write_text(json.dumps({"skipped": "the step-time benchmark did not finish "
+                                        "(see its output)"}, indent=1))  # fmt: skip
     rounds_plan = plan_rounds(args.suite, args.worlds, args.rates_mbit)
     with tempfile.TemporaryDirectory(prefix="scape-step-bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -177,6 +177,22 @@ def test_beside_a_study_it_refuses_or_records_why(monkeypatch, tmp_path):
     assert "pid 4242" in json.loads(out.read_text())["skipped"]
 
 
+def test_a_reproduce_run_that_dies_leaves_no_stale_step_times(monkeypatch, tmp_path):
+    monkeypatch.setattr(netns, "skip_reason", lambda: None)
+    monkeypatch.setattr(netns, "remove_stale", lambda: [])
+    monkeypatch.setattr(quiet, "busy_processes", lambda: [])
+
+    def boom(*_):
+        raise RuntimeError("a rank could not start")
+
+    monkeypatch.setattr(ms, "plan_rounds", boom)
+    out = tmp_path / "steptime.json"
+    out.write_text(json.dumps({"points": [{"experiment": "e", "optimizer": "AdamS"}]}))
+    with pytest.raises(RuntimeError):
+        ms.main(["--suite", "reproduce", "--out", str(out)])
+    assert "did not finish" in json.loads(out.read_text())["skipped"]
+
+
 def _mode():
     return [] if skip_reason() is None else ["--loopback"]
 
