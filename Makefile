@@ -58,7 +58,7 @@ prefetch: $(STAMP)
 # failure of this step is reported and does not stop the reproduction).
 reproduce-table: $(STAMP)
 ifeq ($(SCALE)-$(CLUSTER)-$(DRY_RUN),tiny-local-0)
-	-$(PY) -m benchmarks.megatron_step --suite reproduce --on-busy skip --out runs/steptime.json $(BUSY)
+	-$(PY) -m benchmarks.megatron_step --suite reproduce --on-busy skip --settle-s 30 --retries 1 --out runs/steptime.json $(BUSY)
 endif
 	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
 

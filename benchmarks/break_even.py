@@ -179,7 +179,10 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
         ax.set_xticks([1, 10, 100, 400], ["1", "10", "100", "400"])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
-        fig.colorbar(mesh, ax=ax, label="speed-up per step")
+        bar = fig.colorbar(mesh, ax=ax, label="speed-up per step")
+        ticks = [t for t in (1, 2, TARGET, 5, 10, 20, 50, 100) if t <= norm.vmax]
+        bar.set_ticks(ticks, labels=[f"x{t:g}" for t in ticks])
+        bar.ax.yaxis.set_minor_formatter(NullFormatter())
     ax = axes[2]
     r = [c["comm_over_compute"] for c in curve]
     styles = {"scape-99": "tab:blue", "scape-90": "tab:orange"}

@@ -265,7 +265,10 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         f"{buckets}). "
         "Dense with and without Megatron's overlap of gradient reduce-scatters with backward "
         "(`train.overlap_grad_reduce`); SCAPE-90/99 as `optimizer=scape90|scape99` configure "
-        "them (overlap on, one-step mask delay).",
+        "them (overlap on, one-step mask delay). The model is small and the batch a few tokens "
+        "so that, as in the paper's communication-bound setting, dense AdamS's exchange is a "
+        "large part of its step at 1 Gbit/s; the three links put the dense step on both sides "
+        "of break-even (comm / compute column).",
         "",
         "**Floor** (compute-only): the same steps of the same methods with the same number of "
         "ranks running at once on this machine's cores, in PyTorch's fake process group: every "
