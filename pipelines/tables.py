@@ -437,6 +437,8 @@ def report_lines(reports: list[dict[str, Any]]) -> list[str]:
     for r in reports:
         if r["url"]:
             lines.append(f"W&B report {r['experiment']}: {r['url']}")
+        elif r.get("error"):
+            lines.append(f"W&B report {r['experiment']} not saved ({r['error']})")
     if offline:
         lines.append(f"W&B reports written offline: {', '.join(offline)}")
         lines.append(

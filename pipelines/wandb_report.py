@@ -198,9 +198,16 @@ def write_reports(runs: list[RunSummary], out_dir: str | Path) -> list[dict[str,
         path.write_text(report_json(report))
         entry: dict[str, Any] = {"experiment": experiment, "json": str(path), "url": None}
         if online():
-            entry["url"] = publish(path)
+            try:
+                entry["url"] = publish(path)
+            except Exception as err:  # auth, network, GraphQL: the JSON stays for later
+                entry["error"] = _one_line(err)
         results.append(entry)
     return results
+
+
+def _one_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,9 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         for path in args.paths:
             print(f"{path} -> {publish(path, args.entity, args.project)}")
     except Exception as err:  # the W&B client raises many types (auth, network, GraphQL)
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         print(
-            f"error: could not save the report ({type(err).__name__}: {first}); set WANDB_API_KEY "
+            f"error: could not save the report ({_one_line(err)}); set WANDB_API_KEY "
             "or run `wandb login`, and `wandb sync` the runs first",
             file=sys.stderr,
         )

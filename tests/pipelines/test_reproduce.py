@@ -17,3 +17,4 @@ def test_paper_dry_run_writes_every_sbatch_script_and_config(tmp_path, monkeypat
         assert (script.parents[1] / "config.yaml").is_file()
     out = capsys.readouterr().out
     assert "python -m pipelines.tables" in out and "dry_run" in out
+    assert "wandb_report=true" in out and "make prefetch" in out

@@ -134,3 +134,30 @@ def test_publish_fills_in_the_runsets_project_then_saves(
     assert (report.entity, report.project) == ("other", "scape-test")
     (grid,) = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
     assert [(r.entity, r.project) for r in grid.runsets] == [("other", "scape-test")]
+
+
+def test_with_a_key_the_stage_saves_and_a_failed_save_keeps_the_json(
+    finished, tmp_path, no_wandb_server, monkeypatch
+):
+    import wandb_workspaces.reports.v2 as wr
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    outcomes = iter(["saved", ConnectionError("W&B unreachable\nmore")])
+
+    def save(self, draft=False, clone=False):
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        self.id = "abc"
+        return self
+
+    monkeypatch.setattr(wr.Report, "save", save)
+    monkeypatch.setattr(wr.Report, "url", property(lambda self: f"https://w/{self.id}"))
+    (ok,) = _tables(finished, tmp_path / "a")["wandb_reports"]
+    assert ok["url"] == "https://w/abc"
+    (failed,) = _tables(finished, tmp_path / "b")["wandb_reports"]
+    assert failed["url"] is None and failed["error"] == "ConnectionError: W&B unreachable"
+    lines = report_lines([failed])
+    assert "not saved (ConnectionError: W&B unreachable)" in lines[0]
+    assert (tmp_path / "b" / f"wandb_report_{EXPERIMENT}.json").is_file()
+    assert f"publish {failed['json']}" in lines[-1]
