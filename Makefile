@@ -11,8 +11,10 @@ export OMP_NUM_THREADS ?= 1
 SCALE   ?= tiny
 CLUSTER ?= local
 DRY_RUN ?= 0
+# ALLOW_BUSY=1: let benchmarks time beside studies/tests (disturbed rounds are marked noisy)
+BUSY    := $(if $(filter 1,$(ALLOW_BUSY)),--allow-busy)
 
-.PHONY: setup test lint bench-core prepare reproduce-table quality-study peers-study clean-venv
+.PHONY: setup test lint bench-core prepare prefetch reproduce-table quality-study peers-study clean-venv
 
 setup: $(STAMP)
 
@@ -38,35 +40,70 @@ lint: $(STAMP)
 prepare: $(STAMP)
 	$(PY) -m pipelines.prepare $(ARGS)
 
+# For clusters whose compute nodes have no internet: run on a login node to fill the shared
+# Hugging Face cache (cluster.hf_home, else $$HF_HOME) with the paper experiments' corpora and
+# tokenizers and the lm-eval task data; the Slurm jobs then read it offline. Idempotent.
+# DRY_RUN=1 lists what it would fetch; ARGS e.g. "experiments=[gpt345m_owt_quality] hf_home=/path".
+prefetch: $(STAMP)
+	$(PY) -m pipelines.prefetch $(if $(filter 1,$(DRY_RUN)),dry_run=true) $(ARGS)
+
 # The main job. Default: tiny GPT + tiny Llama x {AdamW, AdamS, SCAPE-90, SCAPE-99} on 2 local
 # CPU ranks, offline (~15-20 min on 2 cores). SCALE=paper CLUSTER=vista submits the paper's
 # sweeps to Slurm with submitit (DRY_RUN=1: write the sbatch scripts, submit nothing).
 # W&B logs offline unless WANDB_API_KEY is set. Extra Hydra overrides for every run go in ARGS.
+# At tiny scale it first times the same models and optimizers on an emulated 1 Gbit/s cluster
+# of 2 ranks (network namespaces: as root, ~1-2 min; benchmarks/megatron_step.py --suite
+# reproduce) for the efficiency table's speed columns; not root, or beside a study or the
+# tests, it writes why instead and the table leaves those columns out with that reason (a
+# failure of this step is reported and does not stop the reproduction).
 reproduce-table: $(STAMP)
+ifeq ($(SCALE)-$(CLUSTER)-$(DRY_RUN),tiny-local-0)
+	-$(PY) -m benchmarks.megatron_step --suite reproduce --on-busy skip --settle-s 30 --retries 1 --out runs/steptime.json $(BUSY)
+endif
 	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
 
 bench-core: $(STAMP)
-	$(PY) -m benchmarks.core $(ARGS)
+	$(PY) -m benchmarks.core $(BUSY) $(ARGS)
 
-# Performance (issue 6): bytes, optimizer overhead, emulated cluster (network namespaces:
-# run as root, else that part is skipped with a message), projection, README. ~15 min.
-# Writes results/bench/*.json and results/bench/README.md.
-.PHONY: bench bench-bytes bench-overhead bench-cluster bench-project bench-report bench-peers-cluster
+# Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on
+# the emulated cluster (network namespaces: run as root, else that part is skipped with a
+# message), projection, break-even map, README. One command, ~25 min on a quiet 2-core
+# machine (the step sweep ~15-20 of them, capped at 25 + the round in progress; it resumes
+# an interrupted sweep at the same commit). Every timing benchmark refuses to start beside a
+# study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
+# re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*
+# and results/bench/README.md.
+.PHONY: bench bench-bytes bench-overhead bench-cluster bench-step bench-break-even bench-project bench-report bench-peers-cluster
 bench: $(STAMP)
-	$(PY) -m benchmarks.bytes
-	$(PY) -m benchmarks.overhead
-	$(PY) -m benchmarks.cluster
+	$(PY) -m benchmarks.bytes $(BUSY)
+	$(PY) -m benchmarks.overhead $(BUSY)
+	$(PY) -m benchmarks.megatron_step $(BUSY)
 	$(PY) -m benchmarks.projection
+	$(PY) -m benchmarks.break_even
 	$(PY) -m benchmarks.report
 
 bench-bytes: $(STAMP)
-	$(PY) -m benchmarks.bytes $(ARGS)
+	$(PY) -m benchmarks.bytes $(BUSY) $(ARGS)
 
 bench-overhead: $(STAMP)
-	$(PY) -m benchmarks.overhead $(ARGS)
+	$(PY) -m benchmarks.overhead $(BUSY) $(ARGS)
 
+# The communicator-level workload (issue 6; no longer part of `make bench`): what the
+# one-step mask delay buys, gloo's reduce-scatter volume. ~8 min.
 bench-cluster: $(STAMP)
-	$(PY) -m benchmarks.cluster $(ARGS)
+	$(PY) -m benchmarks.cluster $(BUSY) $(ARGS)
+
+# Issue 14: the pretrain stage's Megatron train step (dense AdamS with and without Megatron's
+# overlap, SCAPE-90, SCAPE-99) on 2 and 4 ranks at 100 Mbit/s, 1 and 10 Gbit/s, with a
+# compute-only floor per rank count. Writes results/bench/megatron_step.json. ~15-20 min.
+# ARGS e.g. "--worlds 2 --rates-mbit 1000" or "--fresh".
+bench-step: $(STAMP)
+	$(PY) -m benchmarks.megatron_step $(BUSY) $(ARGS)
+
+# The break-even map (projection over bandwidth x tokens per GPU, measured points placed by
+# their comm/compute ratio): results/bench/break_even.{png,md,csv,json}. Seconds.
+bench-break-even: $(STAMP)
+	$(PY) -m benchmarks.break_even $(ARGS)
 
 # Issue 8: per-step wall time of the real pretrain stage (experiment=peers_gpt345m_owt,
 # scale=tiny) for every optimizer of the peers sweep, on the emulated cluster (root, else
@@ -75,7 +112,7 @@ bench-cluster: $(STAMP)
 # "--methods adams scape99 dgc99 --repeats 3".
 bench-peers-cluster: $(STAMP)
 	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false
-	$(PY) -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2 --out results/peers/cluster.json $(ARGS)
+	$(PY) -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2 --out results/peers/cluster.json $(BUSY) $(ARGS)
 
 bench-project: $(STAMP)
 	$(PY) -m benchmarks.projection $(ARGS)

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import quiet
 from benchmarks.core import megatron_buckets
 from benchmarks.launch import launch_ranks
 from scape.comm import ring_bytes_per_rank
@@ -212,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--megatron-rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/bench/bytes.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
+    protocol = quiet.protocol_from_args(args)
+    quiet.require_quiet("bench-bytes", protocol.allow_busy)
+    load_before = quiet.load_average()
     spec = {"model": MODEL, "methods": MEASURED_METHODS, "warmup": args.warmup,
             "rounds": args.rounds, "reduce_scatter": "ring"}  # fmt: skip
     print(f"== bytes: {args.world_size} gloo ranks on loopback, {len(MEASURED_METHODS)} methods")
@@ -247,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         name: paper_scale_bytes(count_params(SHAPES[name]), 32, overlap) for name in PAPER_MODELS
     }
     report.update(paper_scale=paper)
+    # Byte counts do not depend on load; recorded as every benchmark records it.
+    report["quiet"] = {"load_before": load_before, "load_after": quiet.load_average(),
+                       "note": "counts only: not re-run under load"}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     for name, m in measured["methods"].items():

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import quiet
 from benchmarks.costmodel import AlphaBeta, fit_alpha_beta, predict_step
 from benchmarks.launch import launch_ranks
 from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
@@ -172,18 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--out", type=Path, default=Path("results/bench/cluster.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
+    protocol = quiet.protocol_from_args(args)
     # SIGTERM (a killed make) must still run the finally/atexit teardown.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not ready_or_skip("bench-cluster", args.out):
         return 0
+    quiet.require_quiet("bench-cluster", protocol.allow_busy)
     configs = []
     with tempfile.TemporaryDirectory(prefix="scape-bench-") as tmp:
         for world in args.worlds:
             for rate in args.rates_mbit:
                 print(f"== emulated cluster: {world} ranks, {rate:g} Mbit/s links", flush=True)
-                summary = run_config(world, rate, args, Path(tmp))
+                summary = quiet.run_round(
+                    f"{world}x{rate:g}mbit",
+                    lambda world=world, rate=rate: run_config(world, rate, args, Path(tmp)),
+                    protocol,
+                )
                 for name, m in summary["methods"].items():
                     err = m.get("prediction_error_best")
                     print(f"  {name:16s} step median {m['step_s'] * 1e3:7.1f} ms, best "
@@ -191,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"(best x{m['speedup_vs_dense_best']:.2f}) vs dense"
                           + ("" if err is None else f"  model(best) {err:+.0%}"), flush=True)  # fmt: skip
                 configs.append(summary)
-    args.out.write_text(json.dumps({"model": MODEL, "configs": configs}, indent=1))
+    args.out.write_text(json.dumps({"model": MODEL, "configs": configs,
+                                    "protocol": protocol.to_dict()}, indent=1))  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from benchmarks import quiet
 from scape.adams import adams_update_
 from scape.comm import ring_bytes_per_rank
 from scape.encoding import FIXED_ENCODINGS, encode_mask, encoded_nbytes, resolve_encoding
@@ -167,7 +168,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--world-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7)
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
+    protocol = quiet.protocol_from_args(args)
+    quiet.require_quiet("bench-core", protocol.allow_busy)
     n, w = int(args.params), args.world_size
     if n < w or w < 1:
         parser.error(f"--params ({n}) must be >= --world-size ({w}) >= 1")
@@ -179,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report.update(bytes_per_step(n, w))
     shard = megatron_buckets(n, w)[0] // w
-    report["overhead_per_shard"] = {"shard_size": shard, **overhead(shard, w, args.repeats)}
+    report["overhead_per_shard"] = quiet.run_round(
+        "overhead", lambda: {"shard_size": shard, **overhead(shard, w, args.repeats)}, protocol
+    )
     print(json.dumps(report, indent=2))
     return report
 

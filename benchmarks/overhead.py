@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import quiet
 from scape.adams import adams_update_, apply_weight_decay_
 from scape.comm import bucket_positions
 from scape.encoding import decode_mask, encode_mask, encoded_nbytes, resolve_encoding
@@ -180,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket", type=int, default=40_000_000, help="elements per bucket")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/bench/overhead.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
+    protocol = quiet.protocol_from_args(args)
+    quiet.require_quiet("bench-overhead", protocol.allow_busy)
     torch.set_num_threads(1)
     from scape.megatron.models import SHAPES, count_params
 
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     buckets = {m: -(-count_params(SHAPES[m]) // args.bucket)
                for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
     report: dict = {"world_size": args.world_size, "bucket": args.bucket, "shard": shard,
-                    "buckets_per_model": buckets, "devices": {}}  # fmt: skip
+                    "buckets_per_model": buckets, "devices": {},
+                    "protocol": protocol.to_dict()}  # fmt: skip
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))
@@ -201,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"== overhead: {device.type}, {label}, W={args.world_size}, S={shard}", flush=True
             )
-            m = measure(args.world_size, shard, density, args.repeats, device)
+            m = quiet.run_round(
+                f"{device.type} {label}",
+                lambda density=density, device=device: measure(
+                    args.world_size, shard, density, args.repeats, device
+                ),
+                protocol,
+            )
             m["per_step_s"] = {model: {"scape": b * m["scape_total_s"], "dense": b * m["dense_total_s"]}
                                for model, b in buckets.items()}  # fmt: skip
             m["gpu_model"] = gpu_model(args.world_size, shard, m["k"], buckets["llama-1.8b"])

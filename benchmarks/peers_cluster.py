@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import quiet
 from benchmarks.launch import LaunchError, launch_ranks
 from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
 
@@ -185,9 +186,11 @@ def _link_record(link: LinkSpec | None) -> dict[str, Any]:
             "latency_ms": link.latency_ms, "label": link.label}  # fmt: skip
 
 
-def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """Train one method once on a fresh cluster (or on loopback); its per-run record."""
-    out_dir = tmp / f"rep{repeat}-{method}"
+def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path,
+            attempt: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Train one method once on a fresh cluster (or on loopback) in a fresh run directory
+    (a re-run of a disturbed round must not resume the first try's checkpoint)."""
+    out_dir = tmp / f"rep{repeat}-{method}-try{attempt}"
     spec = {
         "overrides": overrides_for(
             method,
@@ -282,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--data-root", type=Path, default=ROOT / "data")
     parser.add_argument("--out", type=Path, default=Path("results/peers/cluster.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)  # fmt: skip
+    protocol = quiet.protocol_from_args(args)
     if args.skip is None:
         args.skip = args.warmup_steps + 2
     if not 0 <= args.skip < args.steps:
@@ -296,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     link = None if args.loopback else LinkSpec(args.rate_mbit)
     if not args.loopback and not ready_or_skip("bench-peers-cluster", args.out):
         return 0
+    quiet.require_quiet("bench-peers-cluster", protocol.allow_busy)
     doc: dict[str, Any] = {
         "bench": "peers_cluster",
         "experiment": EXPERIMENT,
@@ -318,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": _host(),
         "loadavg_start": list(os.getloadavg()),
+        "protocol": protocol.to_dict(),
         "runs": [],
     }
     where = "loopback" if link is None else f"{args.ranks} ranks x {link.label}"
@@ -326,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
             k = repeat % len(methods)
             for method in methods[k:] + methods[:k]:
                 print(f"== repeat {repeat + 1}/{args.repeats} {method} ({where})", flush=True)
-                record = run_one(method, repeat, args, Path(tmp))
+                tries = [0]
+
+                def once(method=method, repeat=repeat, tries=tries):
+                    tries[0] += 1
+                    return run_one(method, repeat, args, Path(tmp), tries[0])
+
+                record = quiet.run_round(f"{method} #{repeat + 1}", once, protocol)
                 doc["runs"].append(record)
                 if "error" in record:
                     print(f"   FAILED: {record['error'].splitlines()[0]}", flush=True)

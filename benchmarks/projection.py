@@ -26,6 +26,7 @@ and written into ``results/bench/projection.json`` beside the numbers:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -116,6 +117,12 @@ def mask_bytes(shard: int, k: int, encoding: str, overlap: float | None) -> int:
 def comm_seconds(n_params: int, density: float, a: Assumptions, encoding: str = "auto",
                  overlap: float | None = None) -> dict[str, float]:  # fmt: skip
     """Exchange time per step: per bucket one RS and one AG (+ a mask AG for SCAPE)."""
+    return dict(_comm_seconds(n_params, density, a, encoding, overlap))
+
+
+@functools.lru_cache(maxsize=4096)  # the break-even map asks for each link many times
+def _comm_seconds(n_params: int, density: float, a: Assumptions, encoding: str,
+                  overlap: float | None) -> dict[str, float]:  # fmt: skip
     w = a.world_size
     grad = param = mask = 0.0
     for b in megatron_buckets(n_params, w):

@@ -49,6 +49,9 @@ class DataConfig:
     hub_config: str | None = None
     hub_split: str = "train"
     hub_revision: str | None = None
+    # kind=hub: its size as its publishers state it, for `make prefetch`'s listing (not read
+    # by anything else; null: not recorded)
+    hub_size: str | None = None
     # any kind: stop after this many non-empty documents (small slices for tests and trials)
     max_documents: int | None = None
     # train / validation / test fractions of documents, and the seed that places them

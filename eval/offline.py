@@ -52,8 +52,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def _fix(local_tasks: Iterable[str]) -> str:
     return (
-        "run where huggingface.co is reachable, or fill a local Hugging Face cache there and "
-        "set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 here; offline tasks: " + ",".join(local_tasks)
+        "run where huggingface.co is reachable, or fill a Hugging Face cache there with "
+        "`python -m pipelines.prefetch` and set HF_HOME=<that cache> HF_DATASETS_OFFLINE=1 "
+        "HF_HUB_OFFLINE=1 here; offline tasks: " + ",".join(local_tasks)
     )
 
 

@@ -3,9 +3,11 @@
     python -m pipelines.reproduce                              # tiny, offline, 2 local CPU ranks
     python -m pipelines.reproduce --scale paper --cluster vista [--dry-run]
 
-At ``--scale tiny`` everything runs here: the embedded corpus, a tiny GPT (GPT-345M's
-experiment) and a tiny Llama (Llama-500M's), each with AdamW, AdamS, SCAPE-90 and SCAPE-99,
-then lm-eval on local offline tasks, then the tables. Finished runs are not redone (a
+At ``--scale tiny`` everything runs here (``conf/scale/tiny_table.yaml``): the embedded
+corpus with its 1,024-entry byte-level BPE, a tiny GPT (GPT-345M's experiment) and a tiny
+Llama (Llama-500M's), each with AdamW, AdamS, SCAPE-90 and SCAPE-99, then lm-eval on local
+offline tasks, then the tables and each experiment's W&B report (offline JSON unless
+``WANDB_API_KEY`` is set). Finished runs are not redone (a
 pretrain run resumes from its checkpoint; a finished one returns at once).
 
 At ``--scale paper`` it submits every paper experiment's sweep to Slurm with submitit
@@ -26,6 +28,9 @@ from eval.errors import EvalError
 from pipelines.training.config import ConfigError, compose
 
 TINY_EXPERIMENTS = ["gpt345m_owt_quality", "llama500m_slimpj_quality"]
+# conf/scale/ config of each --scale: the tiny table has its own (conf/scale/tiny.yaml is the
+# peers study's and the benchmarks' setting)
+SCALE_CONFIGS = {"tiny": "tiny_table", "paper": "paper"}
 PAPER_EXPERIMENTS = [
     "gpt345m_owt_quality",
     "llama500m_slimpj_quality",
@@ -66,12 +71,12 @@ def reproduce(
     overrides: list[str],
 ) -> None:
     from pipelines.pretrain import run as pretrain_run
-    from pipelines.tables import TablesConfig
+    from pipelines.tables import TablesConfig, report_lines
     from pipelines.tables import run as tables_run
     from pipelines.training.runs import run_dir_of
 
     start = time.perf_counter()
-    base = [f"scale={scale}", f"output_root={output_root}", *overrides]
+    base = [f"scale={SCALE_CONFIGS[scale]}", f"output_root={output_root}", *overrides]
     if cluster != "local" or scale == "paper":
         base.append(f"cluster={cluster}")
     if dry_run:
@@ -121,7 +126,16 @@ def reproduce(
         _banner("submitted; when the jobs have finished, evaluate and tabulate with:")
         for run_dir in run_dirs:
             print(f"  python -m pipelines.evaluate run_dir={run_dir} eval_tasks=paper")
-        print(f"  python -m pipelines.tables output_root={output_root} out_dir={tables_dir}")
+        print(
+            f"  python -m pipelines.tables output_root={output_root} out_dir={tables_dir} "
+            "wandb_report=true"
+        )
+        homes = sorted({c.cluster.hf_home for c in configs if c.cluster.hf_home})
+        if homes:  # the jobs read Hugging Face data offline (conf/cluster/<cluster>.yaml)
+            print(
+                f"The jobs read the Hugging Face cache {', '.join(homes)} offline; fill it first "
+                "on a login node with `make prefetch` (python -m pipelines.prefetch)."
+            )
         return
     _banner("3/4 evaluate (validation perplexity and offline lm-eval tasks)")
     for run_dir in run_dirs:
@@ -129,10 +143,14 @@ def reproduce(
         _evaluate(run_dir)
     _banner("4/4 tables")
     out = tables_run(
-        TablesConfig(output_root=output_root, experiments=experiments, out_dir=tables_dir)
+        TablesConfig(
+            output_root=output_root, experiments=experiments, out_dir=tables_dir, wandb_report=True
+        )
     )
     print(out["quality"])
     print(out["efficiency"])
+    for line in report_lines(out["wandb_reports"]):
+        print(line)
     minutes = (time.perf_counter() - start) / 60
     print(
         f"done in {minutes:.1f} min. Tables and loss curves: {tables_dir}/ ; runs: {output_root}/",

@@ -3,16 +3,24 @@
     python -m pipelines.tables                      # every experiment under runs/
     python -m pipelines.tables output_root=runs experiments=[gpt345m_owt_quality]
 
-Writes ``<out_dir>/quality.{md,csv,tex}``, ``<out_dir>/efficiency.{md,csv,tex}``,
-``<out_dir>/loss_<experiment>.png`` and ``<out_dir>/wandb_report.json`` (a W&B report spec:
-panels that overlay the runs' loss curves, grouped by experiment).
+    python -m pipelines.tables wandb_report=true    # + one W&B report per experiment
+
+Writes ``<out_dir>/quality.{md,csv,tex}``, ``<out_dir>/efficiency.{md,csv,tex}`` and
+``<out_dir>/loss_<experiment>.png``; with ``wandb_report=true`` also each experiment's W&B
+report, saved to W&B when ``WANDB_API_KEY`` is set, else written as
+``<out_dir>/wandb_report_<experiment>.json`` for ``python -m pipelines.wandb_report publish``
+(``pipelines/wandb_report.py``).
 
 Quality: final validation loss / perplexity (the evaluate stage's, over the whole validation
-split; training's periodic estimate when a run has not been evaluated) and downstream
-accuracy per optimizer.
-Efficiency: median step time, training time (sum of step times), bytes per rank per step,
-speed-up and time saved against dense AdamS of the same experiment. The paper's published
-headline figures (the abstract's; no table values are public) sit in their own column.
+split; training's periodic estimate when a run has not been evaluated), its distance to the
+corpus's unigram level (``eval.unigram``, stated in the notes), and downstream accuracy per
+optimizer; an accuracy within noise of its task's chance rate is marked "at chance".
+Efficiency (``pipelines.efficiency``): bytes per rank per step from the runs; step time,
+speed-up and time saved against dense AdamS only from an emulated-cluster step-time file
+(``<output_root>/steptime.json``, written by ``make reproduce-table`` as root), else left out
+with a note saying why: the runs' own step times are loopback CPU times, not a speed
+measure. The paper's published headline figures (the abstract's; no table values are
+public) sit in their own column.
 """
 
 from __future__ import annotations
@@ -29,10 +37,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.dataset import prepared_dir
+from pipelines.efficiency import STEP_TIMES_FILE, efficiency_table
 from pipelines.training.config import sparsity_of
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
-__all__ = ["PAPER_CLAIMS", "TablesConfig", "collect_runs", "run"]
+__all__ = ["CHANCE", "PAPER_CLAIMS", "TablesConfig", "collect_runs", "run"]
 
 # The abstract's figures: (experiment, optimizer label) -> claim, for the "paper" column.
 PAPER_CLAIMS = {
@@ -54,7 +64,14 @@ class TablesConfig:
     output_root: str = "runs"
     experiments: list[str] = field(default_factory=list)  # empty: all found
     out_dir: str = "results/tables"
-    skip_steps: int = 2  # steps left out of step-time medians (start-up, dense warm-up)
+    skip_steps: int = 2  # steps left out of the byte medians (start-up, dense warm-up)
+    # emulated-cluster step times (pipelines.efficiency); "" = <output_root>/steptime.json
+    step_times: str = ""
+    # one W&B report per experiment (wandb-workspaces): saved when WANDB_API_KEY is set,
+    # else written as <out_dir>/wandb_report_<experiment>.json
+    wandb_report: bool = False
+    # an accuracy is "at chance" within this many binomial standard errors of chance
+    chance_sigmas: float = 2.0
 
 
 @dataclass
@@ -66,6 +83,9 @@ class RunSummary:
     sparsity: float
     metrics: list[dict[str, Any]]
     eval: dict[str, Any]
+    wandb_project: str = "scape-repro"
+    wandb_entity: str | None = None
+    prepared: Path | None = None  # the prepared data the run trained on
 
     @property
     def final_val_loss(self) -> float | None:
@@ -112,6 +132,9 @@ def collect_runs(root: Path, experiments: list[str]) -> list[RunSummary]:
                 sparsity,
                 metrics,
                 evaluation,
+                str(cfg.wandb.project),
+                cfg.wandb.entity,
+                prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name),
             )
         )
     return sorted(
@@ -132,6 +155,35 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 # The headline metric(s) of a task; perplexities of near-random tiny models only add noise.
 TABLE_METRICS = ("acc", "acc_norm", "bits_per_byte")
+ACCURACIES = ("acc", "acc_norm")
+
+# What guessing scores on each task. Multiple choice: 1 / the number of choices
+# (scape_nextsent: the true next sentence and 3 distractors; ARC items have 3-5 choices,
+# almost all 4). Last-word tasks are scored by exact match of a generated word: guessing
+# gets none right, so their chance rate is 0.
+CHANCE = {
+    "scape_nextsent": 0.25,
+    "hellaswag": 0.25,
+    "arc_easy": 0.25,
+    "arc_challenge": 0.25,
+    "piqa": 0.5,
+    "winogrande": 0.5,
+    "scape_lastword": 0.0,
+    "lambada_openai": 0.0,
+}
+
+
+def at_chance(task: str, accuracy: float, examples: int | None, sigmas: float) -> bool | None:
+    """Is an accuracy within noise of the task's chance rate c? None when c or n is unknown.
+
+    Noise is the binomial standard error of a guesser over the task's n items,
+    sqrt(c (1 - c) / n): at chance when |accuracy - c| <= sigmas x that. With c = 0 (a
+    generative task) any correct answer is above chance, so only 0 is at chance.
+    """
+    chance = CHANCE.get(task)
+    if chance is None or not examples:
+        return None
+    return abs(accuracy - chance) <= sigmas * math.sqrt(chance * (1 - chance) / examples)
 
 
 def _task_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
@@ -144,7 +196,46 @@ def _task_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def quality_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
+def _task_cell(key: str, value: float | None, evaluation: dict[str, Any], sigmas: float) -> str:
+    if value is None:
+        return "-"
+    task, _, metric = key.partition("/")
+    if metric in ACCURACIES:
+        examples = ((evaluation.get("tasks") or {}).get(task) or {}).get("examples")
+        if at_chance(task, value, examples, sigmas):
+            return f"at chance ({_fmt(value)})"
+    return _fmt(value)
+
+
+@dataclass(frozen=True)
+class UnigramNote:
+    prepared: Path
+    loss: float | None  # None: the prepared data is not here
+    tokens: int = 0
+    fit_tokens: int = 0
+
+
+def unigram_levels(runs: list[RunSummary]) -> dict[Path, UnigramNote]:
+    """The unigram level (eval.unigram) of every prepared dataset the runs trained on."""
+    from data_prep.dataset import load_prepared
+    from data_prep.errors import DataPrepError
+    from eval.unigram import unigram_level
+
+    levels = {}
+    for path in sorted({r.prepared for r in runs if r.prepared is not None}):
+        try:
+            level = unigram_level(load_prepared(path, verify_hashes=False))
+        except DataPrepError:
+            levels[path] = UnigramNote(path, None)
+            continue
+        levels[path] = UnigramNote(path, level.loss, level.tokens, level.fit_tokens)
+    return levels
+
+
+def quality_rows(
+    runs: list[RunSummary], levels: dict[Path, UnigramNote] | None = None, sigmas: float = 2.0
+) -> tuple[list[str], list[list[str]]]:
+    levels = levels or {}
     task_keys = sorted({k for r in runs for k in _task_metrics(r.eval)})
     header = [
         "experiment",
@@ -154,6 +245,7 @@ def quality_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
         "val loss",
         "val ppl",
         "vs AdamS",
+        "vs unigram",
         *task_keys,
         "paper",
     ]
@@ -163,55 +255,66 @@ def quality_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
         loss = r.final_val_loss
         ref = base.get(r.experiment)
         rel = None if loss is None or ref is None else f"{100 * (loss - ref) / ref:+.2f}%"
+        unigram = levels.get(r.prepared) if r.prepared is not None else None
+        gap = (
+            None if loss is None or unigram is None or unigram.loss is None else loss - unigram.loss
+        )
         tasks = _task_metrics(r.eval)
         rows.append([
             r.experiment, r.model, r.label, _fmt(r.sparsity, 2), _fmt(loss),
             _fmt(math.exp(loss) if loss is not None and loss < 50 else None, 1), rel or "-",
-            *(_fmt(tasks.get(k)) for k in task_keys), PAPER_CLAIMS.get((r.experiment, r.label), "-"),
-        ])  # fmt: skip
-    return header, rows
-
-
-def efficiency_rows(runs: list[RunSummary], skip: int) -> tuple[list[str], list[list[str]]]:
-    header = [
-        "experiment",
-        "optimizer",
-        "step time (s)",
-        "train time (s)",
-        "MB/step/rank",
-        "grad MB",
-        "param MB",
-        "mask MB",
-        "speed-up vs AdamS",
-        "time saved vs AdamS",
-        "paper",
-    ]
-    base = {}
-    for r in runs:
-        if r.label == BASELINE:
-            base[r.experiment] = (
-                statistics.median(r.step_times(skip) or [math.nan]),
-                r.train_seconds(),
-            )
-    rows = []
-    for r in runs:
-        step = statistics.median(r.step_times(skip) or [math.nan])
-        total = r.train_seconds()
-        b = r.bytes_per_step(skip)
-        ref = base.get(r.experiment)
-        rows.append([
-            r.experiment, r.label, _fmt(step, 3), _fmt(total, 1), _fmt(sum(b.values()) / 1e6, 3),
-            _fmt(b.get("grad_values", 0.0) / 1e6, 3), _fmt(b.get("param_values", 0.0) / 1e6, 3),
-            _fmt(b.get("masks", 0.0) / 1e6, 3),
-            f"{ref[0] / step:.2f}x" if ref else "-",
-            f"{100 * (1 - total / ref[1]):.1f}%" if ref else "-",
+            f"{gap:+.3f}" if gap is not None else "-",
+            *(_task_cell(k, tasks.get(k), r.eval, sigmas) for k in task_keys),
             PAPER_CLAIMS.get((r.experiment, r.label), "-"),
         ])  # fmt: skip
     return header, rows
 
 
+def quality_notes(
+    runs: list[RunSummary], levels: dict[Path, UnigramNote], sigmas: float
+) -> list[str]:
+    """The notes under the quality table: the unigram level, AdamS's distance to it, chance."""
+    notes = []
+    for level in levels.values():
+        if level.loss is None:
+            notes.append(
+                f"Unigram level of {level.prepared}: not computed, the prepared data is not here "
+                "(run the prepare stage, then the tables stage again)."
+            )
+            continue
+        notes.append(
+            f"Unigram level of {level.prepared.name}: {level.loss:.3f} nats per token, the cross "
+            f"entropy over the {level.tokens:,} validation tokens of a unigram model fitted on "
+            f"the {level.fit_tokens:,} train tokens with add-one smoothing (eval/unigram.py). "
+            '"vs unigram" is val loss minus this level, in nats.'
+        )
+        for r in runs:
+            loss = r.final_val_loss
+            if r.label == BASELINE and r.prepared == level.prepared and loss is not None:
+                gap = level.loss - loss
+                where = "under" if gap >= 0 else "above"
+                notes.append(
+                    f"{r.experiment} ({r.model}): {BASELINE} ends {abs(gap):.3f} nats {where} "
+                    "the unigram level."
+                )
+    tasks = sorted({t for r in runs for t in (r.eval.get("tasks") or {}) if t in CHANCE})
+    if tasks:
+        rates = ", ".join(f"{t} {CHANCE[t]:g}" for t in tasks)
+        notes.append(
+            f'"at chance": an accuracy within {sigmas:g} binomial standard errors of its task\'s '
+            f"chance rate c, sqrt(c(1-c)/n) over the task's n items (only 0 counts when c = 0); "
+            f"not a result. Chance rates: {rates}."
+        )
+    return notes
+
+
 def _write_table(
-    out: Path, stem: str, header: list[str], rows: list[list[str]], caption: str
+    out: Path,
+    stem: str,
+    header: list[str],
+    rows: list[list[str]],
+    caption: str,
+    notes: list[str] | None = None,
 ) -> None:
     with open(out / f"{stem}.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
@@ -220,7 +323,11 @@ def _write_table(
         f"|{'|'.join('---' for _ in header)}|",
         *(f"| {' | '.join(r)} |" for r in rows),
     ]
-    (out / f"{stem}.md").write_text(f"{caption}\n\n" + "\n".join(md) + "\n")
+    notes = notes or []
+    md_notes = "".join(f"- {n}\n" for n in notes)
+    (out / f"{stem}.md").write_text(
+        f"{caption}\n\n" + "\n".join(md) + "\n" + (f"\nNotes:\n\n{md_notes}" if notes else "")
+    )
 
     def tex(s: str) -> str:
         return s.replace("%", r"\%").replace("_", r"\_").replace("#", r"\#")
@@ -230,7 +337,10 @@ def _write_table(
         rf"\begin{{tabular}}{{{'l' * 3}{'r' * (len(header) - 3)}}}", r"\toprule",
         " & ".join(tex(h) for h in header) + r" \\", r"\midrule",
         *(" & ".join(tex(c) for c in r) + r" \\" for r in rows),
-        r"\bottomrule", r"\end{tabular}", r"\end{table}",
+        r"\bottomrule", r"\end{tabular}",
+        *([r"\par\smallskip\footnotesize"] if notes else []),
+        *(tex(n).replace("&", r"\&") + r"\\" for n in notes),
+        r"\end{table}",
     ]  # fmt: skip
     (out / f"{stem}.tex").write_text("\n".join(lines) + "\n")
 
@@ -272,31 +382,6 @@ def plot_losses(runs: list[RunSummary], out: Path) -> list[Path]:
     return paths
 
 
-def wandb_report_spec(runs: list[RunSummary]) -> dict[str, Any]:
-    """A report description: one section per experiment (a W&B group), loss panels overlaying runs."""
-    return {
-        "title": "SCAPE reproduction: loss curves",
-        "project": "scape-repro",
-        "sections": [
-            {
-                "group": experiment,
-                "runs": sorted(r.name for r in runs if r.experiment == experiment),
-                "panels": [
-                    {"type": "line", "x": "step", "y": ["loss"], "smoothing": 0.6},
-                    {"type": "line", "x": "step", "y": ["val_loss"]},
-                    {"type": "line", "x": "tokens", "y": ["val_loss"]},
-                    {
-                        "type": "line",
-                        "x": "step",
-                        "y": ["bytes/grad_values", "bytes/param_values", "bytes/masks"],
-                    },
-                ],
-            }
-            for experiment in sorted({r.experiment for r in runs})
-        ],
-    }
-
-
 def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_object(cfg)
@@ -307,27 +392,60 @@ def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
         )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    q_header, q_rows = quality_rows(runs)
-    e_header, e_rows = efficiency_rows(runs, cfg.skip_steps)
+    levels = unigram_levels(runs)
+    q_header, q_rows = quality_rows(runs, levels, cfg.chance_sigmas)
+    step_times = Path(cfg.step_times or Path(cfg.output_root) / STEP_TIMES_FILE)
+    e_header, e_rows, e_note = efficiency_table(runs, cfg.skip_steps, step_times, PAPER_CLAIMS)
     _write_table(
-        out, "quality", q_header, q_rows, "Quality: final validation loss and downstream accuracy"
+        out,
+        "quality",
+        q_header,
+        q_rows,
+        "Quality: final validation loss and downstream accuracy",
+        quality_notes(runs, levels, cfg.chance_sigmas),
     )
     _write_table(
         out,
         "efficiency",
         e_header,
         e_rows,
-        f"Efficiency: step time (median, steps > {cfg.skip_steps}), training time, bytes per rank per step",
+        f"Efficiency: bytes per rank per step (median, steps > {cfg.skip_steps}), step time on an "
+        f"emulated cluster.\n\n{e_note}",
     )
     figures = plot_losses(runs, out)
-    (out / "wandb_report.json").write_text(json.dumps(wandb_report_spec(runs), indent=1))
+    reports = []
+    if cfg.wandb_report:
+        from pipelines.wandb_report import write_reports
+
+        reports = write_reports(runs, out)
     return {
         "runs": len(runs),
         "out_dir": str(out),
         "figures": [str(p) for p in figures],
         "quality": (out / "quality.md").read_text(),
         "efficiency": (out / "efficiency.md").read_text(),
+        "wandb_reports": reports,
     }
+
+
+def report_lines(reports: list[dict[str, Any]]) -> list[str]:
+    """What to tell the user about the W&B reports: their URLs, or how to publish them later."""
+    from pipelines.wandb_report import PUBLISH
+
+    lines = []
+    offline = [r["json"] for r in reports if not r["url"]]
+    for r in reports:
+        if r["url"]:
+            lines.append(f"W&B report {r['experiment']}: {r['url']}")
+        elif r.get("error"):
+            lines.append(f"W&B report {r['experiment']} not saved ({r['error']})")
+    if offline:
+        lines.append(f"W&B reports written offline: {', '.join(offline)}")
+        lines.append(
+            "publish them once the runs are synced (`wandb sync`, see README): "
+            f"{PUBLISH} {' '.join(offline)}"
+        )
+    return lines
 
 
 def _register() -> None:
@@ -348,6 +466,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(result["quality"])
     print(result["efficiency"])
+    for line in report_lines(result["wandb_reports"]):
+        print(line)
     print(f"tables and figures in {result['out_dir']}/")
 
 

@@ -4,6 +4,9 @@ import pytest
 
 from benchmarks.core import bytes_per_step, main, megatron_buckets
 
+# The machine may be shared (studies, other tests): these check function, not speed.
+QUIET_OFF = ["--allow-busy", "--retries", "0", "--settle-s", "0"]
+
 
 def test_buckets_follow_megatron_rule():
     sizes = megatron_buckets(100_000_000, 32)
@@ -26,6 +29,6 @@ def test_bytes_match_reference_table_for_large_world():
 
 
 def test_main_prints_overhead_with_medians(capsys):
-    report = main(["--params", "2e6", "--world-size", "4", "--repeats", "1"])
+    report = main(["--params", "2e6", "--world-size", "4", "--repeats", "1", *QUIET_OFF])
     assert report["world_size"] == 4 and "scape99" in report["overhead_per_shard"]
     assert '"per_rank_bytes"' in capsys.readouterr().out

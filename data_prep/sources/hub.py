@@ -4,7 +4,9 @@ OpenWebText ("Skylion007/openwebtext") and SlimPajama-6B ("DKYoon/SlimPajama-6B"
 read with `datasets.load_dataset(..., streaming=True)`, so nothing is downloaded up front
 and `max_documents` really limits the traffic. Without a network, `datasets` retries for
 about half a minute before failing; a 5 s reachability probe fails first, with the fix.
-Setting HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 skips the probe and reads the local cache.
+Setting HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 skips the probe and reads the local cache
+(``$HF_HOME/datasets``, filled on a machine with internet by ``python -m pipelines.prefetch``);
+a dataset missing from it is a one-line error naming it and that command.
 """
 
 from __future__ import annotations
@@ -31,12 +33,30 @@ def hub_reachable(timeout_s: float = 5.0) -> bool:
         return False
 
 
+PREFETCH = "python -m pipelines.prefetch"
+
+
+def offline_mode() -> bool:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set: read the local cache, never the network."""
+    return any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+        for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def datasets_cache() -> str:
+    """Where `datasets` keeps prepared datasets: $HF_DATASETS_CACHE, else $HF_HOME/datasets."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return os.environ["HF_DATASETS_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return os.path.join(home, "datasets")
+
+
 def require_hub(what: str) -> None:
     """Fail fast, naming the fix, when the hub cannot be reached and no offline mode is set."""
-    offline = (
-        os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    )
-    if not offline and not hub_reachable():
+    if not offline_mode() and not hub_reachable():
         raise DataPrepError(
             f"{what} needs the Hugging Face hub, which is unreachable (no network?); run where "
             "huggingface.co is reachable, or use the offline default (data=enwiki_sample) "
@@ -74,6 +94,14 @@ def iter_hub_documents(
         raise
     except Exception as err:  # datasets raises many types (ConnectionError, HfHubHTTPError...)
         first_line = (str(err).splitlines() or [""])[0]
+        if offline_mode():
+            pinned = f", revision {hub_revision}" if hub_revision else ""
+            raise DataPrepError(
+                f"{what} (config {hub_config}, split {hub_split}{pinned}) is not in the Hugging Face "
+                f"cache {datasets_cache()} and offline mode (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) "
+                f"forbids downloading it; fetch it where the hub is reachable with `{PREFETCH} "
+                "experiments=[<experiment>]` and the same HF_HOME"
+            ) from err
         raise DataPrepError(
             f"could not stream {what} ({type(err).__name__}: {first_line}); check the name, "
             "config, split and revision, and that the hub is reachable"

@@ -167,6 +167,10 @@ class ClusterConfig:
     cpus_per_task: int = 1
     max_concurrent: int = 1  # jobs of a sweep running at once
     setup: list[str] = field(default_factory=list)  # shell lines run before each Slurm job
+    # A Hugging Face cache on a shared file system, filled on a login node by
+    # `python -m pipelines.prefetch`; the Slurm setup lines point HF_HOME at it and turn on
+    # offline mode (conf/cluster/vista.yaml). Shell variables are expanded where it is used.
+    hf_home: str | None = None
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipelines.training.config import PretrainConfig, sparsity_of
 
-__all__ = ["METRICS_FILE", "RunLogger", "read_metrics", "run_name", "wandb_mode"]
+__all__ = ["METRICS_FILE", "RunLogger", "read_metrics", "run_name", "wandb_mode", "wandb_tags"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -29,6 +29,18 @@ def run_name(cfg: PretrainConfig) -> str:
         return cfg.run_name
     label = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.optimizer.label).strip("-")
     return f"{cfg.model.name}-{label}-seed{cfg.train.seed}"
+
+
+def wandb_tags(cfg: PretrainConfig) -> list[str]:
+    """The run's W&B tags: optimizer, sparsity, model and seed (W&B's UI filters on them; the
+    experiment is the run's group), then the configured extra tags."""
+    return [
+        f"optimizer={cfg.optimizer.label}",
+        f"sparsity={sparsity_of(cfg.optimizer):g}",
+        f"model={cfg.model.name}",
+        f"seed={cfg.train.seed}",
+        *cfg.wandb.tags,
+    ]
 
 
 def wandb_mode(configured: str) -> str:
@@ -82,23 +94,16 @@ class RunLogger:
         cfg = self.cfg
         # A stable id per run directory, so a resumed run continues the same W&B run.
         run_id = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
-        sparsity = sparsity_of(cfg.optimizer)
         self._wandb = wandb.init(
             project=cfg.wandb.project,
             entity=cfg.wandb.entity,
-            group=cfg.experiment,
+            group=cfg.experiment,  # what the W&B reports' runsets filter on
             name=self.run_dir.name,
             id=run_id,
             resume="allow",
             mode=mode,
             dir=str(self.run_dir),
-            tags=[
-                cfg.experiment,
-                cfg.model.name,
-                cfg.optimizer.label,
-                f"sparsity={sparsity}",
-                *cfg.wandb.tags,
-            ],
+            tags=wandb_tags(cfg),
             config=asdict(cfg),
         )
 

@@ -12,6 +12,9 @@ def test_paper_dry_run_writes_every_sbatch_script_and_config(tmp_path, monkeypat
     for script in scripts:
         text = script.read_text()
         assert "#SBATCH --nodes=32" in text and "#SBATCH --account=TG-ABC123" in text
+        # compute nodes have no internet: the job reads the cache `make prefetch` filled
+        assert "export HF_HOME=$WORK/scape-hf-cache HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1" in text
         assert (script.parents[1] / "config.yaml").is_file()
     out = capsys.readouterr().out
     assert "python -m pipelines.tables" in out and "dry_run" in out
+    assert "wandb_report=true" in out and "make prefetch" in out

@@ -33,14 +33,15 @@ def _fake_run(root, optimizer, step_time, bytes_per_step, final_val):
     (run_dir / "eval" / "results.json").write_text(json.dumps(evaluation))
 
 
-def test_speed_up_and_time_saved_against_adams(tmp_path):
+def test_tables_from_the_runs_metrics(tmp_path):
     _fake_run(tmp_path / "runs", "adams", 2.0, 4e6, 4.00)
     _fake_run(tmp_path / "runs", "scape99", 0.5, 1e5, 4.04)
     out = run(TablesConfig(output_root=str(tmp_path / "runs"), out_dir=str(tmp_path / "tables")))
     assert out["runs"] == 2
     eff = (tmp_path / "tables" / "efficiency.md").read_text()
-    assert "| llama1p8b_step | SCAPE-99 | 0.500 | 5.0 | 0.100 |" in eff
-    assert "4.00x | 75.0% | up to 3.26x per step vs AdamS |" in eff
+    # Loopback step times never become a speed-up (tests/pipelines/test_efficiency_table.py).
+    assert "| llama1p8b_step | SCAPE-99 | 0.100 | 0.050 | 0.050 | 0.000 | up to 3.26x" in eff
+    assert "No speed columns" in eff and "x |" not in eff
     quality = (tmp_path / "tables" / "quality.md").read_text()
     assert "| SCAPE-99 | 0.99 | 4.040 |" in quality and "+1.00%" in quality
     assert "cloze/acc" in quality and "stderr" not in quality and "examples" not in quality
@@ -50,10 +51,60 @@ def test_speed_up_and_time_saved_against_adams(tmp_path):
         "efficiency.csv",
         "efficiency.tex",
         "loss_llama1p8b_step.png",
-        "wandb_report.json",
     ]:
         assert (tmp_path / "tables" / name).stat().st_size > 0
-    spec = json.loads((tmp_path / "tables" / "wandb_report.json").read_text())
+    assert not list((tmp_path / "tables").glob("wandb_report*"))  # only with wandb_report=true
+
+
+def _evaluated_run(root, data_root, optimizer, val_loss, tasks):
+    """A finished, evaluated run whose prepared data (a 24-article slice) is at data_root."""
+    cfg = compose([f"optimizer={optimizer}", "experiment=gpt345m_owt_quality", "scale=tiny",
+                   f"data_root={data_root}", "data.max_documents=24",
+                   "data.split_ratios=[0.6,0.2,0.2]", "tokenizer.name=bpe500",
+                   "tokenizer.vocab_size=500"])  # fmt: skip
+    run_dir = root / cfg.experiment / optimizer
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 7.0, "step_time": 1.0}))
+    (run_dir / "eval").mkdir()
+    evaluation = {"validation": {"loss": val_loss}, "tasks": tasks}
+    (run_dir / "eval" / "results.json").write_text(json.dumps(evaluation))
+    return cfg
+
+
+def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
+    from data_prep.config import PrepareConfig
+    from data_prep.dataset import load_prepared
+    from data_prep.prepare import prepare
+    from eval.unigram import unigram_level
+
+    n = 200  # items per task: a guesser's standard error on a 4-way task is 0.031
+    cfg = _evaluated_run(tmp_path / "runs", tmp_path / "data", "adams", 4.0, {
+        "scape_nextsent": {"acc": 0.27, "acc_norm": 0.40, "examples": n},  # at chance; not
+        "scape_lastword": {"acc": 0.0, "examples": n},  # chance is 0 for a generated word
+        "cloze": {"acc": 0.27, "examples": n},  # no known chance rate: never marked
+    })  # fmt: skip
+    _evaluated_run(tmp_path / "runs", tmp_path / "data", "scape99", 4.5, {
+        "scape_nextsent": {"acc": 0.20, "acc_norm": 0.31, "examples": n},  # -1.6 / +1.96 SE
+        "scape_lastword": {"acc": 0.005, "examples": n},  # one right: above chance
+        "cloze": {"acc": 0.5, "examples": n},
+    })  # fmt: skip
+    result = prepare(PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer,
+                                   output_root=str(tmp_path / "data"), num_proc=1, progress=False))  # fmt: skip
+    level = unigram_level(load_prepared(result.path)).loss
+
+    run(TablesConfig(output_root=str(tmp_path / "runs"), out_dir=str(tmp_path / "tables")))
+    quality = (tmp_path / "tables" / "quality.md").read_text()
+    rows = {line.split(" | ")[2]: line for line in quality.splitlines() if line.startswith("| gpt")}
     assert (
-        spec["sections"][0]["group"] == "llama1p8b_step" and len(spec["sections"][0]["runs"]) == 2
+        f"| {4.0 - level:+.3f} |" in rows["AdamS"] and f"| {4.5 - level:+.3f} |" in rows["SCAPE-99"]
     )
+    # columns: cloze/acc, scape_lastword/acc, scape_nextsent/acc, scape_nextsent/acc_norm
+    assert "| 0.270 | at chance (0.000) | at chance (0.270) | 0.400 |" in rows["AdamS"]
+    assert "| 0.500 | 0.005 | at chance (0.200) | at chance (0.310) |" in rows["SCAPE-99"]
+    notes = quality.split("Notes:")[1]
+    assert f"Unigram level of {result.path.name}: {level:.3f} nats per token" in notes
+    assert f"AdamS ends {level - 4.0:.3f} nats under the unigram level" in notes
+    assert "scape_lastword 0, scape_nextsent 0.25" in notes and "cloze" not in notes
+    tex = (tmp_path / "tables" / "quality.tex").read_text()
+    assert "at chance (0.270)" in tex and "Unigram level of" in tex

@@ -139,3 +139,29 @@ def test_peer_options_are_checked_at_start_up(overrides, needle):
 def test_onebit_freezes_when_the_lr_warmup_ends():
     assert compose(["optimizer=onebit"]).optimizer.onebit.freeze_step == 20
     assert compose(["optimizer=onebit", "train.warmup_steps=7"]).optimizer.onebit.freeze_step == 7
+
+
+@pytest.mark.parametrize("experiment", ["gpt345m_owt_quality", "llama500m_slimpj_quality"])
+def test_tiny_table_setting_is_valid_for_the_reproduced_experiments(experiment):
+    """`make reproduce-table`'s setting (conf/scale/tiny_table.yaml) composes for every optimizer
+    of the sweep, alike for all of them, with a model that fits its tokenizer."""
+    from data_prep.tokenizers import check_model_vocab
+    from pipelines.reproduce import SCALE_CONFIGS
+
+    base = compose([f"experiment={experiment}", "scale=tiny"])
+    cfgs = [compose([f"experiment={experiment}", f"scale={SCALE_CONFIGS['tiny']}",
+                     f"optimizer={name}"]) for name in base.sweep]  # fmt: skip
+    first = cfgs[0]
+    assert first.scale == "tiny" and first.cluster.launcher == "local"
+    assert first.model.family == base.model.family and first.data.kind == "embedded"
+    assert first.tokenizer.kind == "bytebpe" and first.tokenizer.name == "bytebpe1k"
+    check_model_vocab(first.tokenizer.name, first.tokenizer.vocab_size, first.model.vocab_size)
+    assert first.train.train_steps > base.train.train_steps  # more steps than conf/scale/tiny
+    for cfg in cfgs:  # only the optimizer differs between the runs of the table
+        assert (cfg.model, cfg.train, cfg.data, cfg.tokenizer) == (
+            first.model, first.train, first.data, first.tokenizer
+        )  # fmt: skip
+        assert (cfg.optimizer.lr, cfg.optimizer.min_lr) == (
+            first.optimizer.lr,
+            first.optimizer.min_lr,
+        )

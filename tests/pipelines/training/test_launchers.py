@@ -106,6 +106,7 @@ def test_vista_launcher_gives_submitit_the_cluster_resources(tmp_path, monkeypat
                  "#SBATCH --ntasks-per-node=1", "#SBATCH --signal=USR2@120"):  # fmt: skip
         assert line in script
     assert "source $WORK/miniforge3/bin/activate scape" in script
+    assert "export HF_HOME=$WORK/scape-hf-cache HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1" in script
 
 
 def _free_port() -> int:

@@ -1,0 +1,380 @@
+"""`make bench-break-even`: where SCAPE pays -- a break-even map against the paper's x3.26.
+
+    python -m benchmarks.break_even            # results/bench/break_even.{png,md,csv,json}
+
+The projected per-step speed-up of SCAPE-99 (and SCAPE-90) over dense AdamS for Llama-1.8B
+on 32 ranks, over per-rank link bandwidth (1-400 Gbit/s) x tokens per GPU per step
+(1k-32k), without and with Megatron's overlap of the dense exchange behind compute. Every
+cell is :func:`benchmarks.projection.project_model` (the cost model of ``make
+bench-project``) with that bandwidth and batch; its assumptions are
+:class:`benchmarks.projection.Assumptions` (one GH200 per node, compute = model FLOPs /
+(989 TFLOP/s x MFU 0.4), rings at 80% of line rate with 10 us per ring step, dense ZeRO-1
+in bf16 with one reduce-scatter and one all-gather per 40M-element bucket, SCAPE's values
+in bf16 with the best fixed mask encoding and one mask all-gather per bucket hidden behind
+compute, optimizer-side work from ``overhead.json``'s memory-traffic model), written into
+the JSON beside the numbers. ``no overlap``: every exchange after backward; ``overlap``: both
+methods hide their value exchange behind compute up to the compute time (Megatron's
+``overlap_grad_reduce`` / ``overlap_param_gather`` at best).
+
+It marks the x3.26 contour (the abstract's Llama-1.8B claim) and places each emulated
+measurement of ``make bench-step`` (``megatron_step.json``, when present) at its own ratio
+of dense communication to compute: on the maps as the line of cells with that ratio, and
+on the third panel, speed-up against that ratio, beside the projection's curve. The map
+renders without measurements too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.projection import PAPER, Assumptions, project_model
+
+__all__ = ["break_even_bandwidth", "grid", "main", "measured_points", "ratio_curve"]
+
+MODEL = "llama-1.8b"
+TARGET = PAPER["speedup_llama_1_8b"]
+TABLE_TOKENS = [1024, 2048, 4096, 8192, 16384, 32768]
+TABLE_BANDWIDTHS = [1.0, 10.0, 25.0, 100.0, 200.0, 400.0]
+# 1 .. 400 Gbit/s, 16 per decade, plus the table's columns
+BANDWIDTHS = sorted({round(10 ** (i / 16), 4) for i in range(0, 42) if 10 ** (i / 16) <= 400}
+                    | set(TABLE_BANDWIDTHS))  # fmt: skip
+TOKENS = [int(round(1024 * 2 ** (i / 4))) for i in range(0, 21)]  # 1k .. 32k, 4 per octave
+MODES = ("no_overlap", "full_overlap")
+METHODS = ("scape-99", "scape-90")
+
+
+def _cell(a: Assumptions, overlaps: dict[float, float], overhead: dict, bw: float,
+          tokens: int) -> dict[str, Any]:  # fmt: skip
+    p = project_model(MODEL, overlaps, overhead, replace(a, link_gbit=bw), tokens)
+    dense_xfer = p["dense_comm_s"]["grad_sync"] + p["dense_comm_s"]["param_sync"]
+    compute = p["dense_step_s"]["no_overlap"] - dense_xfer  # compute + dense optimizer work
+    out = {"link_gbit": bw, "tokens_per_gpu": tokens, "compute_s": compute,
+           "dense_comm_s": dense_xfer, "comm_over_compute": dense_xfer / compute}  # fmt: skip
+    for m in METHODS:
+        for mode in MODES:
+            out[f"{m}/{mode}"] = p["scape"][m][f"speedup_{mode}"]
+    return out
+
+
+def grid(a: Assumptions, overlaps: dict[float, float], overhead: dict,
+         bandwidths: list[float] = BANDWIDTHS, tokens: list[int] = TOKENS) -> list[dict]:  # fmt: skip
+    """One projected cell per (bandwidth, tokens per GPU)."""
+    return [_cell(a, overlaps, overhead, bw, t) for t in tokens for bw in bandwidths]
+
+
+def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
+                         target: float = TARGET) -> float | None:  # fmt: skip
+    """The highest per-rank bandwidth (Gbit/s) at which ``key``'s speed-up still reaches
+    ``target`` for this batch (log-interpolated between grid points); None if it never does
+    on the grid, ``inf`` if it does even at the grid's highest bandwidth."""
+    row = sorted((c for c in cells if c["tokens_per_gpu"] == tokens), key=lambda c: c["link_gbit"])
+    if not row or row[0][key] < target:
+        return None
+    if row[-1][key] >= target:
+        return math.inf
+    for lo, hi in zip(row, row[1:], strict=False):
+        if lo[key] >= target > hi[key]:
+            f = (math.log(lo[key]) - math.log(target)) / (math.log(lo[key]) - math.log(hi[key]))
+            return math.exp(
+                math.log(lo["link_gbit"])
+                + f * (math.log(hi["link_gbit"]) - math.log(lo["link_gbit"]))
+            )
+    return None
+
+
+def ratio_curve(a: Assumptions, overlaps: dict[float, float], overhead: dict,
+                tokens: int = 16384) -> list[dict]:  # fmt: skip
+    """Speed-up against the dense comm/compute ratio: the map's row at ``tokens`` over a
+    wide bandwidth range (0.05-3000 Gbit/s), so every emulated ratio has a projected value."""
+    bws = [10 ** (i / 8) for i in range(-11, 29)]
+    return sorted((_cell(a, overlaps, overhead, bw, tokens) for bw in bws),
+                  key=lambda c: c["comm_over_compute"])  # fmt: skip
+
+
+def needed_ratio(curve: list[dict], key: str, target: float = TARGET) -> float | None:
+    """The smallest dense comm/compute ratio at which ``key`` reaches ``target``."""
+    for lo, hi in zip(curve, curve[1:], strict=False):
+        if lo[key] < target <= hi[key]:
+            f = (target - lo[key]) / (hi[key] - lo[key])
+            return lo["comm_over_compute"] + f * (hi["comm_over_compute"] - lo["comm_over_compute"])
+    return None
+
+
+def measured_points(step_json: Path) -> list[dict[str, Any]]:
+    """Emulated rounds of ``make bench-step``: the dense (no overlap) step's comm/compute
+    ratio, and the SCAPE speed-ups measured there."""
+    if not step_json.is_file():
+        return []
+    doc = json.loads(step_json.read_text())
+    by_round: dict[str, dict[str, dict]] = {}
+    for p in doc.get("points", []):
+        by_round.setdefault(p["round"], {})[p["method"]] = p
+    out = []
+    for name, ms in by_round.items():
+        dense = ms.get("dense-no-overlap")
+        if not dense or dense.get("comm_over_compute") is None:
+            continue
+        row = {"round": name, "world_size": dense["world_size"], "link": dense["link"],
+               "comm_over_compute": dense["comm_over_compute"],
+               "noisy": bool(dense.get("noisy") or dense.get("floor_noisy")),
+               "load_before": dense.get("load_before"), "load_after": dense.get("load_after")}  # fmt: skip
+        for m in METHODS:
+            if m in ms:
+                row[f"{m}/no_overlap"] = ms[m].get("speedup_vs_dense-no-overlap")
+                row[f"{m}/full_overlap"] = ms[m].get("speedup_vs_dense-overlap")
+        out.append(row)
+    return out
+
+
+def _interp(curve: list[dict], key: str, r: float) -> float | None:
+    for lo, hi in zip(curve, curve[1:], strict=False):
+        if lo["comm_over_compute"] <= r <= hi["comm_over_compute"]:
+            f = (r - lo["comm_over_compute"]) / (hi["comm_over_compute"] - lo["comm_over_compute"])
+            return lo[key] + f * (hi[key] - lo[key])
+    return None
+
+
+def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LogNorm
+    from matplotlib.ticker import NullFormatter
+
+    bws = sorted({c["link_gbit"] for c in cells})
+    toks = sorted({c["tokens_per_gpu"] for c in cells})
+    at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in cells}
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.6), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    norm = LogNorm(vmin=0.9, vmax=max(c[f"scape-99/{m}"] for c in cells for m in MODES))
+    ratio = np.array([[at[(b, t)]["comm_over_compute"] for b in bws] for t in toks])
+    for ax, mode, title in ((axes[0], "no_overlap", "no overlap"),
+                            (axes[1], "full_overlap", "with Megatron's overlap")):  # fmt: skip
+        z = np.array([[at[(b, t)][f"scape-99/{mode}"] for b in bws] for t in toks])
+        z90 = np.array([[at[(b, t)][f"scape-90/{mode}"] for b in bws] for t in toks])
+        mesh = ax.pcolormesh(bws, toks, z, norm=norm, cmap="viridis", shading="gouraud")
+        cs = ax.contour(bws, toks, z, levels=[1.25, 2.0], colors="white", linewidths=0.8)
+        ax.clabel(cs, fmt=lambda v: f"x{v:g}", fontsize=8)
+        if z.max() >= TARGET:
+            ax.contour(bws, toks, z, levels=[TARGET], colors="red", linewidths=2.2)
+        if z90.max() >= TARGET:
+            ax.contour(bws, toks, z90, levels=[TARGET], colors="orange", linewidths=1.8,
+                       linestyles="--")  # fmt: skip
+        for p in points:  # the cells whose comm/compute ratio equals the measured one
+            cp = ax.contour(bws, toks, ratio, levels=[p["comm_over_compute"]], colors="black",
+                            linewidths=0.9, linestyles=":")  # fmt: skip
+            ax.clabel(cp, fmt=lambda v, p=p: f"{p['world_size']}x{p['link']}", fontsize=7)
+        ax.set(xscale="log", yscale="log", xlabel="per-rank link bandwidth (Gbit/s)",
+               ylabel="tokens per GPU per step",
+               title=f"SCAPE-99 speed-up over dense AdamS, {title}")  # fmt: skip
+        ax.set_yticks(TABLE_TOKENS, [f"{t // 1024}k" for t in TABLE_TOKENS])
+        ax.set_xticks([1, 10, 100, 400], ["1", "10", "100", "400"])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        bar = fig.colorbar(mesh, ax=ax, label="speed-up per step")
+        ticks = [t for t in (1, 2, TARGET, 5, 10, 20, 50, 100) if t <= norm.vmax]
+        bar.set_ticks(ticks, labels=[f"x{t:g}" for t in ticks])
+        bar.ax.yaxis.set_minor_formatter(NullFormatter())
+    ax = axes[2]
+    r = [c["comm_over_compute"] for c in curve]
+    styles = {"scape-99": "tab:blue", "scape-90": "tab:orange"}
+    for m, color in styles.items():
+        ax.plot(
+            r,
+            [c[f"{m}/no_overlap"] for c in curve],
+            color=color,
+            label=f"{m} projected, no overlap",
+        )
+        ax.plot(r, [c[f"{m}/full_overlap"] for c in curve], color=color, ls="--",
+                label=f"{m} projected, overlap")  # fmt: skip
+        for mode, marker in (("no_overlap", "o"), ("full_overlap", "s")):
+            xs = [p["comm_over_compute"] for p in points if p.get(f"{m}/{mode}")]
+            ys = [p[f"{m}/{mode}"] for p in points if p.get(f"{m}/{mode}")]
+            face = [color if not p["noisy"] else "none" for p in points if p.get(f"{m}/{mode}")]
+            if xs:
+                ax.scatter(xs, ys, marker=marker, facecolors=face, edgecolors=color, s=46, zorder=3,
+                           label=f"{m} measured vs dense {'with' if mode == 'full_overlap' else 'without'} overlap")  # fmt: skip
+    for p in points:
+        if p.get("scape-99/no_overlap"):
+            ax.annotate(f"{p['world_size']}x{p['link']}", (p["comm_over_compute"], p["scape-99/no_overlap"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7)  # fmt: skip
+    ax.axhline(TARGET, color="red", lw=1.2)
+    ax.text(r[0], TARGET * 1.05, f"paper x{TARGET}", color="red", fontsize=8)
+    ax.axhline(1.0, color="gray", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel="dense communication / compute (per step, no overlap)",
+           ylabel="speed-up per step", title="speed-up against the comm/compute ratio"
+           + ("" if points else "\n(no emulated measurement yet: make bench-step)"))  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"Llama-1.8B, 32 ranks: projected per-step speed-up (red: SCAPE-99 at the paper's "
+                 f"x{TARGET}; dashed orange: SCAPE-90 at x{TARGET}; dotted: emulated runs' ratios)",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _bw(x: float | str | None) -> str:
+    if isinstance(x, str):
+        x = math.inf
+    if x is None:
+        return "never (< x3.26 even at 1 Gbit/s)"
+    return ">= 400 (all)" if math.isinf(x) else f"<= {x:.0f}" if x >= 10 else f"<= {x:.1f}"
+
+
+def summarize(cells: list[dict], curve: list[dict], points: list[dict], a: Assumptions) -> dict:
+    at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in grid_subset(cells)}
+    be = {f"{m}/{mode}": {t: break_even_bandwidth(cells, f"{m}/{mode}", t) for t in TABLE_TOKENS}
+          for m in METHODS for mode in MODES}  # fmt: skip
+    be_json = {k: {t: "above the grid" if v is not None and math.isinf(v) else v
+                   for t, v in row.items()} for k, row in be.items()}  # fmt: skip
+    needed = {f"{m}/{mode}": needed_ratio(curve, f"{m}/{mode}") for m in METHODS for mode in MODES}
+    for p in points:
+        for k in needed:
+            p[f"{k}/projected"] = _interp(curve, k, p["comm_over_compute"])
+    ndr = {t: {k: at[(400.0, t)][k] for k in needed} for t in TABLE_TOKENS}
+    top = max(c["link_gbit"] for c in cells)
+    max_tokens = {k: max((c["tokens_per_gpu"] for c in cells
+                          if c["link_gbit"] == top and c[k] >= TARGET), default=None)
+                  for k in needed}  # fmt: skip
+    return {"assumptions": asdict(a), "model": MODEL, "world_size": a.world_size,
+            "target": TARGET, "break_even_gbit": be_json, "needed_comm_over_compute": needed,
+            "speedup_at_400gbit": ndr, "max_tokens_at_400gbit": max_tokens,
+            "comm_over_compute_at": {f"{b}gbit/{t}": at[(float(b), t)]["comm_over_compute"]
+                                     for b in (100, 400) for t in TABLE_TOKENS},
+            "measured": points}  # fmt: skip
+
+
+def grid_subset(cells: list[dict]) -> list[dict]:
+    return [c for c in cells if c["tokens_per_gpu"] in TABLE_TOKENS]
+
+
+def in_words(summary: dict) -> str:
+    """Which settings the paper's x3.26 needs, from the summary's numbers."""
+    need, top, be = (summary["needed_comm_over_compute"], summary["max_tokens_at_400gbit"],
+                     summary["break_even_gbit"])  # fmt: skip
+
+    def ratio(k: str) -> str:
+        return "never" if need[k] is None else f"{need[k]:.1f}x"
+
+    def tokens(k: str) -> str:
+        return (
+            "no batch of 1k or more"
+            if top[k] is None
+            else f"at most {top[k]:,} tokens per GPU per step"
+        )
+
+    def bw(k: str) -> str:
+        row = {int(t): v for t, v in be[k].items()}  # int keys, also after a JSON round trip
+        return _bw(row[16384]).replace("<=", "at most").replace(">=", "at least") + " Gbit/s"
+
+    return (
+        f"The paper's x{TARGET} for {MODEL} needs the dense exchange to take at least "
+        f"{ratio('scape-99/no_overlap')} the compute for SCAPE-99 without overlap "
+        f"({ratio('scape-99/full_overlap')} with Megatron's overlap; SCAPE-90: "
+        f"{ratio('scape-90/no_overlap')} / {ratio('scape-90/full_overlap')}). On Vista-like "
+        f"400 Gbit/s links that means {tokens('scape-99/no_overlap')} for SCAPE-99 without "
+        f"overlap ({tokens('scape-99/full_overlap')} with it); at 16k tokens per GPU it needs "
+        f"per-rank links of {bw('scape-99/no_overlap')} ({bw('scape-99/full_overlap')} with "
+        "overlap). Where the dense exchange is a small part of the step (large batches, fast "
+        "links, the exchange overlapped), SCAPE's per-step gain shrinks towards x1."
+    )
+
+
+def markdown(summary: dict, cells: list[dict]) -> str:
+    be, need = summary["break_even_gbit"], summary["needed_comm_over_compute"]
+    lines = [f"# Break-even map: SCAPE vs dense AdamS, {MODEL}, {summary['world_size']} ranks",
+             "", "Written by `python -m benchmarks.break_even` (`make bench-break-even`); "
+             "the figure is `break_even.png`, every cell in `break_even.csv`.", "",
+             f"Highest per-rank link bandwidth (Gbit/s) at which the projected speed-up still "
+             f"reaches the paper's x{TARGET}:", "",
+             "| tokens per GPU per step | SCAPE-99 | SCAPE-99 with overlap | SCAPE-90 | SCAPE-90 with overlap |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for t in TABLE_TOKENS:
+        lines.append(f"| {t:,} | " + " | ".join(_bw(be[f"{m}/{mode}"][t]) for m in METHODS
+                                                for mode in MODES) + " |")  # fmt: skip
+    lines += ["", in_words(summary)]
+    lines += ["", f"Dense communication / compute needed for x{TARGET} (no overlap: dense "
+              "exchange after backward; overlap: hidden up to the compute time): "
+              + ", ".join(f"{k.replace('/full_overlap', ' with overlap').replace('/no_overlap', '')} "
+                          f"{'never' if v is None else f'{v:.1f}'}" for k, v in need.items()) + ".",
+              "", "Projected speed-up (SCAPE-99 / with overlap) by bandwidth and batch:", "",
+              "| tokens per GPU | " + " | ".join(f"{b} Gbit/s" for b in TABLE_BANDWIDTHS) + " |",
+              "|---|" + "---|" * len(TABLE_BANDWIDTHS)]  # fmt: skip
+    at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in cells}
+    for t in TABLE_TOKENS:
+        row = []
+        for b in TABLE_BANDWIDTHS:
+            c = at.get((float(b), t))
+            row.append(
+                "-"
+                if c is None
+                else f"x{c['scape-99/no_overlap']:.2f} / x{c['scape-99/full_overlap']:.2f}"
+            )
+        lines.append(f"| {t:,} | " + " | ".join(row) + " |")
+    pts = summary["measured"]
+    if pts:
+        lines += ["", "Emulated measurements (`make bench-step`) at their own comm/compute ratio "
+                  "(dense AdamS without overlap on the emulated link; CPU ranks, fp32, gloo), "
+                  "measured and projected SCAPE-99 speed-up:", "",
+                  "| ranks x link | dense comm / compute | SCAPE-99 measured | projected | "
+                  "SCAPE-99 vs overlapped dense | projected | load before/after |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in pts:
+
+            def f(x):
+                return "-" if x is None else f"x{x:.2f}"
+
+            load = (
+                "-"
+                if p.get("load_before") is None
+                else f"{p['load_before']:.2f}/{p['load_after']:.2f}"
+            )
+            lines.append(f"| {p['world_size']} x {p['link']} | {p['comm_over_compute']:.2f} | "
+                         f"{f(p.get('scape-99/no_overlap'))} | {f(p.get('scape-99/no_overlap/projected'))} | "
+                         f"{f(p.get('scape-99/full_overlap'))} | {f(p.get('scape-99/full_overlap/projected'))} | "
+                         f"{load}{' noisy' if p['noisy'] else ''} |")  # fmt: skip
+    else:
+        lines += ["", "No emulated measurement yet (`make bench-step` writes megatron_step.json)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
+    args = parser.parse_args(argv)
+    d = args.bench_dir
+    bytes_report = json.loads((d / "bytes.json").read_text())
+    overlaps = {float(k): v for k, v in bytes_report["overlap_used_at_scale"].items()}
+    overhead = json.loads((d / "overhead.json").read_text())
+    a = Assumptions()
+    cells = grid(a, overlaps, overhead)
+    curve = ratio_curve(a, overlaps, overhead)
+    points = measured_points(d / "megatron_step.json")
+    summary = summarize(cells, curve, points, a)
+    plot(cells, curve, points, d / "break_even.png")
+    with open(d / "break_even.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(cells[0]))
+        w.writeheader()
+        w.writerows(cells)
+    (d / "break_even.md").write_text(markdown(summary, cells))
+    (d / "break_even.json").write_text(json.dumps(summary, indent=1, default=str))
+    for k, v in summary["break_even_gbit"].items():
+        print(
+            f"  {k:24s} x{TARGET} up to: "
+            + ", ".join(f"{t // 1024}k {_bw(b)}" for t, b in v.items())
+        )
+    print(f"wrote {d}/break_even.png, .md, .csv, .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

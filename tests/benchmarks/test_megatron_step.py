@@ -1,0 +1,263 @@
+"""The Megatron-step harness: its summaries on synthetic rank results, the cost model, resume
+and skip records, and real runs of the pretrain stage's engines -- a compute-only floor round
+in PyTorch's fake process group and a round in network namespaces (loopback without root)."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import megatron_step as ms
+from benchmarks import netns, quiet
+from benchmarks.costmodel import AlphaBeta, fit_alpha_beta
+from benchmarks.netns import skip_reason
+
+# The machine may be shared (studies, other tests): these check function, not speed.
+QUIET_OFF = ["--allow-busy", "--retries", "0", "--settle-s", "0"]
+TINY = ["model.num_layers=1", "model.hidden_size=64", "model.num_attention_heads=2",
+        "model.ffn_hidden_size=128", "train.bucket_size=200000"]  # fmt: skip
+
+
+def test_plan_has_a_floor_round_before_each_rank_counts_links():
+    names = [r["name"] for r in ms.plan_rounds("sweep", [2, 4], [100, 1000, 10000])]
+    assert names == ["floor-w2", "w2-100mbit", "w2-1gbit", "w2-10gbit",
+                     "floor-w4", "w4-100mbit", "w4-1gbit", "w4-10gbit"]  # fmt: skip
+    (only,) = ms.plan_rounds("reproduce", [2], [1000])
+    assert only["mode"] == "cluster" and only["world_size"] == 2 and only["rate_mbit"] == 1000
+
+
+def test_calibration_messages_stay_short_on_slow_links():
+    slow = ms.calibration_sizes(100, 2)
+    assert len(slow) >= 3 and max(slow) / (100e6 / 8) <= ms.CAL_MAX_S
+    assert ms.calibration_sizes(10000, 4) == ms.CAL_SIZES
+
+
+def _rank(rank, secs, info=None, **extra):
+    """A rank's result: secs[method] = seconds per step (step 0 is the warm-up)."""
+    steps = []
+    for m, times in secs.items():
+        for i, t in enumerate(times):
+            row = {"method": m, "step": i, "measured": i >= 1, "seconds": t,
+                   "tx_bytes": 1000.0 * (rank + 1)}  # fmt: skip
+            if rank == 0:
+                row.update(bytes={"grad_values": 400.0 + i, "param_values": 400.0}, loss=1.0)
+            steps.append(row)
+    methods = info or {m: {"label": m, "buckets": 1, "overlap_grad_reduce": False,
+                           "delay_mask": None} for m in secs}  # fmt: skip
+    return {"rank": rank, "methods": methods, "steps": steps, **extra}
+
+
+def test_a_step_counts_at_its_slowest_rank():
+    r0 = _rank(0, {"a": [9.0, 1.0, 1.0, 1.0, 1.0]})
+    r1 = _rank(1, {"a": [9.0, 1.0, 3.0, 2.0, 1.0]})
+    s = ms.summarize_round([r0, r1], 2)["methods"]["a"]
+    assert s["step_s_all"] == [1.0, 3.0, 2.0, 1.0]  # warm-up left out, max over ranks
+    assert s["step_s"] == 1.5 and s["n_steps"] == 4
+    assert (s["step_s_min"], s["step_s_max"]) == (1.0, 3.0)
+    assert s["step_s_p25"] <= s["step_s"] <= s["step_s_p75"]
+    assert s["bytes_per_rank"] == {"grad_values": 402.5, "param_values": 400.0}
+    assert s["wire_bytes_per_rank"] == 1500.0  # mean over ranks, median over steps
+
+
+def test_calibration_is_fitted_on_the_slowest_rank_of_each_repetition():
+    link = AlphaBeta(50e-6, 100e6)
+    cal = []
+    for op in ("reduce_scatter", "all_gather"):
+        for n in (1 << 16, 1 << 20, 1 << 23):
+            t = (2 - 1) * link.alpha_s + 0.5 * n / link.bandwidth_Bps
+            cal.append({"op": op, "nbytes": n, "times": [t, t], "tx_bytes": [None, None]})
+    fast = [dict(c, times=[c["times"][0] * 0.5] * 2) for c in cal]
+    r0 = _rank(0, {"a": [1.0, 1.0]}, calibration=cal)
+    r1 = _rank(1, {"a": [1.0, 1.0]}, calibration=fast)
+    fits = ms.summarize_round([r0, r1], 2)["fits"]
+    assert fits["all_gather"]["alpha_us"] == pytest.approx(50, rel=1e-6)
+    assert fits["reduce_scatter"]["bandwidth_MBps"] == pytest.approx(100, rel=1e-6)
+
+
+def test_speed_ups_are_same_step_ratios_not_ratios_of_medians():
+    rnd = {"methods": {"d": {"step_s_all": [1.0, 4.0, 1.0]}, "o": {"step_s_all": [2.0, 1.0, 3.0]},
+                       "s": {"step_s_all": [0.5, 4.0, 0.25]}}}  # fmt: skip
+    assert ms.paired_speedup(rnd, "d", "s") == 2.0  # ratios 2, 1, 4
+    # against the faster dense at each step: min(1,2)/0.5, min(4,1)/4, min(1,3)/0.25
+    assert ms.paired_speedup(rnd, ["d", "o"], "s") == 2.0
+    assert ms.paired_speedup(rnd, "missing", "s") is None
+
+
+FITS = {"reduce_scatter": {"alpha_us": 100.0, "bandwidth_MBps": 50.0},
+        "all_gather": {"alpha_us": 100.0, "bandwidth_MBps": 100.0}}  # fmt: skip
+
+
+def test_model_no_overlap_is_floor_plus_every_collective():
+    dense = {"buckets": 1, "overlap_grad_reduce": False, "delay_mask": None,
+             "bytes_per_rank": {"grad_values": 50e6, "param_values": 100e6}}  # fmt: skip
+    p = ms.predict(dense, 0.1, 0.05, FITS, 2)
+    assert p["grad"] == pytest.approx(100e-6 + 1.0) and p["param"] == pytest.approx(100e-6 + 1.0)
+    assert p["total"] == pytest.approx(0.1 + 2.0 + 200e-6)
+
+
+def test_model_hides_reduce_scatters_behind_backward_and_the_delayed_mask_behind_compute():
+    m = {"buckets": 4, "overlap_grad_reduce": True, "delay_mask": True,
+         "bytes_per_rank": {"grad_values": 5e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
+    p = ms.predict(m, 0.5, 0.4, FITS, 2)
+    grad = 4 * 100e-6 + 0.1
+    assert p["hidden_grad"] == pytest.approx(min(grad, 0.75 * 0.4))
+    assert p["mask"] == 0.0  # 10 ms of masks behind a 0.5 s step
+    assert ms.predict(dict(m, delay_mask=False), 0.5, 0.4, FITS, 2)["mask"] > 0
+
+
+def _round(name, w, methods, **extra):
+    return {"name": name, "mode": "floor" if name.startswith("floor") else "cluster",
+            "world_size": w, "link": {"label": "1gbit", "rate_mbit": 1000.0},
+            "methods": methods, **extra}  # fmt: skip
+
+
+def _m(steps, **kw):
+    return {"label": "x", "step_s": sorted(steps)[len(steps) // 2], "step_s_all": steps,
+            "step_s_p25": min(steps), "step_s_p75": max(steps), "step_s_min": min(steps),
+            "step_s_max": max(steps), "n_steps": len(steps), "bytes_per_rank_total": 8.0,
+            "wire_bytes_per_rank": 12.0, "buckets": 1, "overlap_grad_reduce": False,
+            "delay_mask": None, "bytes_per_rank": {"grad_values": 4e6, "param_values": 4e6}, **kw}  # fmt: skip
+
+
+def test_points_join_each_round_with_its_floor_and_model():
+    floor = _round("floor-w2", 2, {"dense-no-overlap": _m([0.1, 0.1, 0.1]),
+                                   "dense-overlap": _m([0.1, 0.1, 0.1]),
+                                   "scape-99": _m([0.2, 0.2, 0.2])},
+                   fwd_bwd={"backward_s": 0.05}, quiet={"noisy": False})  # fmt: skip
+    cl = _round("w2-1gbit", 2, {"dense-no-overlap": _m([0.5, 0.5, 0.5]),
+                                "dense-overlap": _m([0.4, 0.4, 0.4]),
+                                "scape-99": _m([0.25, 0.25, 0.25])},
+                fits=FITS, quiet={"load_before": 0.2, "load_after": 1.1, "noisy": False})  # fmt: skip
+    pts = {p["method"]: p for p in ms.sweep_points({"floor-w2": floor, "w2-1gbit": cl})}
+    d, s = pts["dense-no-overlap"], pts["scape-99"]
+    assert d["floor_s"] == 0.1 and d["comm_over_compute"] == pytest.approx(4.0)
+    assert s["step_over_floor"] == pytest.approx(1.25)
+    assert s["speedup_vs_dense-no-overlap"] == 2.0 and s["speedup_vs_dense-overlap"] == 1.6
+    assert s["speedup_vs_best_dense"] == 1.6
+    want = ms.predict(cl["methods"]["dense-no-overlap"], 0.1, 0.05, FITS, 2)["total"]
+    assert d["model_error"] == pytest.approx(want / 0.5 - 1)
+    assert (d["load_before"], d["load_after"], d["noisy"]) == (0.2, 1.1, False)
+
+
+def test_an_unfinished_run_resumes_only_its_quiet_rounds_at_the_same_fingerprint(tmp_path):
+    out = tmp_path / "m.json"
+    fp = {"commit": "abc", "uncommitted": "0", "settings": "s"}
+    rounds = {"floor-w2": {"quiet": {"noisy": False}}, "w2-1gbit": {"quiet": {"noisy": True}},
+              "w2-10gbit": {"error": "rank 1 exited"}}  # fmt: skip
+    out.write_text(json.dumps({"fingerprint": fp, "complete": False, "rounds": rounds}))
+    assert list(ms._resumable(out, fp, fresh=False)) == ["floor-w2"]
+    assert ms._resumable(out, fp, fresh=True) == {}
+    assert ms._resumable(out, dict(fp, commit="def"), fresh=False) == {}
+    out.write_text(json.dumps({"fingerprint": fp, "complete": True, "rounds": rounds}))
+    assert ms._resumable(out, fp, fresh=False) == {}  # a finished run is measured again
+
+
+@pytest.mark.parametrize("suite", ["sweep", "reproduce"])
+def test_without_namespaces_a_skip_record_says_why(monkeypatch, tmp_path, suite):
+    from pipelines.efficiency import read_step_times
+
+    monkeypatch.setattr(netns, "skip_reason", lambda: "not root: test")
+    out = tmp_path / "steptime.json"
+    assert ms.main(["--suite", suite, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"skipped": "not root: test"}
+    points, note = read_step_times(out)
+    assert points == {} and "skipped (not root: test)" in note
+
+
+def test_beside_a_study_it_refuses_or_records_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(netns, "skip_reason", lambda: None)
+    monkeypatch.setattr(netns, "remove_stale", lambda: [])
+    monkeypatch.setattr(
+        quiet, "busy_processes", lambda: [(4242, "python -m pipelines.quality_study")]
+    )
+    out = tmp_path / "steptime.json"
+    with pytest.raises(SystemExit, match="refusing to time beside pid 4242"):
+        ms.main(["--out", str(out)])
+    assert ms.main(["--suite", "reproduce", "--on-busy", "skip", "--out", str(out)]) == 0
+    assert "pid 4242" in json.loads(out.read_text())["skipped"]
+
+
+def test_a_reproduce_run_that_dies_leaves_no_stale_step_times(monkeypatch, tmp_path):
+    monkeypatch.setattr(netns, "skip_reason", lambda: None)
+    monkeypatch.setattr(netns, "remove_stale", lambda: [])
+    monkeypatch.setattr(quiet, "busy_processes", lambda: [])
+
+    def boom(*_):
+        raise RuntimeError("a rank could not start")
+
+    monkeypatch.setattr(ms, "plan_rounds", boom)
+    out = tmp_path / "steptime.json"
+    out.write_text(json.dumps({"points": [{"experiment": "e", "optimizer": "AdamS"}]}))
+    with pytest.raises(RuntimeError):
+        ms.main(["--suite", "reproduce", "--out", str(out)])
+    assert "did not finish" in json.loads(out.read_text())["skipped"]
+
+
+def _mode():
+    return [] if skip_reason() is None else ["--loopback"]
+
+
+def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prepared_default):
+    out = tmp_path / "m.json"
+    argv = ["--worlds", "2", "--rates-mbit", "1000", "--steps", "2", "--warmup", "1",
+            "--methods", "dense-*", "scape-99", "--model-overrides", *TINY,
+            "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
+    assert ms.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and list(doc["rounds"]) == ["floor-w2", "w2-1gbit"]
+    floor, link = doc["rounds"]["floor-w2"], doc["rounds"]["w2-1gbit"]
+    for rnd in (floor, link):
+        assert "error" not in rnd, rnd.get("error")
+        assert set(rnd["methods"]) == {"dense-overlap", "dense-no-overlap", "scape-99"}
+        assert rnd["quiet"]["load_before"] >= 0 and len(rnd["quiet"]["attempts"]) == 1
+    assert floor["fwd_bwd"]["backward_s"] > 0 and "calibration" not in floor
+    m = link["methods"]
+    # the pretrain configs, as built: Megatron uses one bucket without the overlap
+    assert m["dense-no-overlap"]["buckets"] == 1 and m["dense-overlap"]["buckets"] > 1
+    assert m["scape-99"]["overlap_grad_reduce"] and m["scape-99"]["delay_mask"]
+    assert m["scape-99"]["label"] == "SCAPE-99" and m["dense-overlap"]["label"] == "AdamS"
+    n = m["dense-overlap"]["n_params"]
+    # dense ZeRO-1 on CPU: fp32 grads reduce-scattered, fp32 params all-gathered, W=2
+    assert m["dense-no-overlap"]["bytes_per_rank"]["grad_values"] >= 4 * n / 2
+    assert m["scape-99"]["bytes_per_rank_total"] < m["dense-overlap"]["bytes_per_rank_total"] / 20
+    for e in m.values():
+        assert e["n_steps"] == 2 and all(t > 0 and math.isfinite(t) for t in e["step_s_all"])
+    pts = {p["method"]: p for p in doc["points"]}
+    assert set(pts) == set(m) and all(p["floor_s"] > 0 for p in pts.values())
+    assert pts["scape-99"]["speedup_vs_best_dense"] > 0
+    if skip_reason() is None:  # shaped namespaces: the interfaces' bytes and the model
+        wire = (
+            m["dense-no-overlap"]["wire_bytes_per_rank"]
+            / m["dense-no-overlap"]["bytes_per_rank_total"]
+        )
+        assert 0.9 < wire < 2.2  # gloo's reduce-scatter sends up to twice the ring's bytes
+        assert "fits" in link or "fit_error" in link
+        if "fits" in link:
+            assert all("model_error" in p for p in pts.values())
+
+
+def test_reproduce_suite_feeds_the_efficiency_table(tmp_path, prepared_default):
+    from pipelines.efficiency import read_step_times
+
+    out = tmp_path / "steptime.json"
+    argv = ["--suite", "reproduce", "--steps", "1", "--warmup", "1", "--methods", "*/adams",
+            "*/scape99", "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
+    assert ms.main(argv) == 0
+    doc = json.loads(out.read_text())
+    points, note = read_step_times(out)
+    if skip_reason() is not None:  # loopback: never a speed measure for the table
+        assert points == {} and "loopback run" in note and len(doc["loopback_points"]) == 4
+        return
+    assert set(points) == {(e, o) for e in ("gpt345m_owt_quality", "llama500m_slimpj_quality")
+                           for o in ("AdamS", "SCAPE-99")}  # fmt: skip
+    for (_, label), p in points.items():
+        assert p["step_s"] > 0 and p["link"] == "1gbit" and p["world_size"] == 2
+        assert (p["speedup_vs_reference"] == 1.0) == (label == "AdamS")
+    assert "2 ranks" in note and "1gbit" in note
+
+
+def test_alpha_beta_fit_recovers_a_known_link():  # the fit the model uses, for the record
+    link = AlphaBeta(20e-6, 1e9)
+    pts = [(4, n, 3 * link.alpha_s + 0.75 * n / link.bandwidth_Bps) for n in (1e4, 1e6, 1e8)]
+    got = fit_alpha_beta(pts)
+    assert got.alpha_s == pytest.approx(20e-6) and got.bandwidth_Bps == pytest.approx(1e9)

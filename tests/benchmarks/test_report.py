@@ -1,0 +1,69 @@
+"""results/bench/README.md's section 2 and targets, rendered from a synthetic harness JSON: every
+figure with its round's load, noisy rounds flagged, targets judged from the points."""
+
+import json
+
+from benchmarks import report
+
+
+def _point(w, method, step, floor, best, off, on, err=0.05, noisy=False):
+    return {"round": f"w{w}-1gbit", "world_size": w, "link": "1gbit", "rate_mbit": 1000.0,
+            "method": method, "label": method, "step_s": step, "step_s_p25": step * 0.9,
+            "step_s_p75": step * 1.1, "floor_s": floor, "step_over_floor": step / floor,
+            "comm_over_compute": step / floor - 1, "bytes_per_rank": 1e6,
+            "wire_bytes_per_rank": 1.4e6, "speedup_vs_best_dense": best,
+            "speedup_vs_dense-no-overlap": off, "speedup_vs_dense-overlap": on,
+            "predicted": {"total": step * (1 + err)}, "model_error": err,
+            "load_before": 0.31, "load_after": 1.72, "noisy": noisy,
+            "floor_noisy": False}  # fmt: skip
+
+
+def _doc(points):
+    methods = {m: {"model": "bench_llama", "n_params": 10_227_072, "tokens_per_rank_step": 16,
+                   "buckets": 1 if m == "dense-no-overlap" else 4, "step_s": 0.1,
+                   "step_s_p25": 0.09, "step_s_p75": 0.11}
+               for m in ("dense-no-overlap", "dense-overlap", "scape-99")}  # fmt: skip
+    rounds = {
+        "floor-w2": {"mode": "floor", "world_size": 2, "methods": methods, "seconds": 30,
+                     "fwd_bwd": {"forward_s": 0.02, "backward_s": 0.04},
+                     "quiet": {"load_before": 0.2, "load_after": 1.9, "noisy": False,
+                               "attempts": [{}]}},
+        "w2-1gbit": {"mode": "cluster", "world_size": 2, "methods": methods, "seconds": 60,
+                     "fits": {op: {"alpha_us": 80.0, "bandwidth_MBps": 110.0}
+                              for op in ("reduce_scatter", "all_gather")},
+                     "quiet": {"load_before": 0.31, "load_after": 1.72, "other_cores": 0.02,
+                               "noisy": False, "attempts": [{}, {}]}},
+    }  # fmt: skip
+    return {"suite": "sweep", "mode": "netns", "complete": True, "steps": 10, "warmup": 3,
+            "started_at": "2026-12-01", "bench_model": ["train.bucket_size=2500000"],
+            "rounds": rounds, "points": points}  # fmt: skip
+
+
+def test_section_2_and_the_targets_from_the_harness_json(tmp_path):
+    points = [
+        _point(2, "dense-no-overlap", 0.50, 0.10, 1.0, 1.0, 0.8),
+        _point(2, "scape-99", 0.11, 0.10, 5.2, 5.5, 5.2),
+        _point(4, "scape-99", 0.30, 0.20, 2.9, 3.1, 2.9, err=0.30, noisy=True),
+    ]
+    (tmp_path / "megatron_step.json").write_text(json.dumps(_doc(points)))
+    md = report.render(tmp_path)
+    sec2 = md.split("## 2.")[1].split("## 3.")[0]
+    assert "| 2 x 1gbit | scape-99 | 110 [99-121] | 100 | 1.10 | x5.20 / x5.50 / x5.20 |" in sec2
+    assert "0.31 / 1.72 |" in sec2 and "0.31 / 1.72 **noisy** |" in sec2  # 4-rank row noisy
+    assert "| 2 | scape-99 | 100 [90-110] | 20 | 40 | 0.20 / 1.90 | 30 |" in sec2  # the floor
+    assert "| w2-1gbit | 80 | 110 | 80 | 110 | 0.02 | 2 | 0.31 / 1.72 | 60 |" in sec2
+    assert "`train.bucket_size=2500000` (buckets per step: dense-no-overlap 1" in sec2
+    targets = md.split("## Targets")[1].split("## 1.")[0]
+    assert "| 2 ranks, 1 Gbit/s: SCAPE-99 >= x5 faster than dense AdamS | x5.20 " in targets
+    row4 = next(ln for ln in targets.splitlines() if ln.startswith("| 4 ranks"))
+    assert row4.endswith("| not met (noisy) |") and "x2.90" in row4
+    assert "| 1.10x (110 ms / 100 ms) | met |" in targets  # step within 1.25x its floor
+    assert "2/3 within; worst 30% (4 x 1gbit scape-99) | not met |" in targets
+    assert "SCAPE-90 >= x2.5 | not measured" in targets
+
+
+def test_missing_or_skipped_harness_says_so(tmp_path):
+    assert "Not measured yet: `make bench-step`" in report.render(tmp_path)
+    (tmp_path / "megatron_step.json").write_text(json.dumps({"skipped": "not root: x"}))
+    md = report.render(tmp_path)
+    assert "**Skipped:** not root: x" in md and "Not rendered yet: `make bench-break-even`" in md
