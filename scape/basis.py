@@ -19,9 +19,17 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-__all__ = ["ShardBasis", "dct_matrix"]
+__all__ = ["ShardBasis", "dct_matrix", "selected_count"]
 
 MAX_CHUNK = 256  # one byte per chunk-relative offset on the wire
+
+
+def selected_count(size: int, chunk: int, k: int) -> int:
+    """Coefficients a mask keeps in a shard of ``size`` entries: k in every full chunk of
+    ``chunk``, ``min(k, tail)`` in the tail. What the byte accounting counts without building
+    a basis."""
+    full, tail = divmod(size, chunk)
+    return full * k + min(k, tail)
 
 
 @lru_cache(maxsize=32)
@@ -55,7 +63,7 @@ class ShardBasis:
         self.size, self.chunk, self.k = size, chunk, k
         self.full, self.tail = divmod(size, chunk)
         self.k_tail = min(k, self.tail)
-        self.num_selected = self.full * k + self.k_tail
+        self.num_selected = selected_count(size, chunk, k)
         self.split = self.full * chunk  # where the tail starts
         self._d = dct_matrix(chunk, device)
         self._d_tail = dct_matrix(self.tail, device) if self.tail else None

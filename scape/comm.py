@@ -9,6 +9,7 @@ reduce-scatter of N params costs 2N per rank).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -18,6 +19,7 @@ __all__ = [
     "ByteCounter",
     "SparseCommunicator",
     "ring_bytes_per_rank",
+    "step_bytes_per_rank",
 ]
 
 # The kinds of traffic the counters separate (the benchmark tables use these names).
@@ -27,6 +29,26 @@ GRAD_VALUES, PARAM_VALUES, MASKS, SCALARS = "grad_values", "param_values", "mask
 def ring_bytes_per_rank(total_nbytes: int, world_size: int) -> float:
     """Bytes one rank sends in a ring reduce-scatter (input) or all-gather (output) of T bytes."""
     return total_nbytes * (world_size - 1) / world_size if world_size > 1 else 0.0
+
+
+def step_bytes_per_rank(
+    values_per_shard: Sequence[int], world_size: int, value_nbytes: int, *, masks: bool
+) -> dict[str, float]:
+    """Bytes one rank sends in one SCAPE step, by kind, as :class:`SparseCommunicator` counts
+    them: for every bucket whose W shards each send ``values_per_shard[b]`` values, one all-
+    reduce of those ``W * n_b`` values and the bucket's finite flag (booked half as its reduce-
+    scatter, half as its all-gather); with ``masks``, the all-gather of one step's masks, one
+    byte per selected coefficient (the Megatron adapter books it at the step that sends it, a
+    step ahead; the simulator at the step that uses it). A dense warm-up step sends whole
+    shards (n_b = shard size). Fusing the buckets' all-reduces changes calls, not bytes."""
+    values = sum(world_size * n + 1 for n in values_per_shard) * value_nbytes
+    mask_bytes = sum(world_size * n for n in values_per_shard) if masks else 0
+    return {
+        GRAD_VALUES: ring_bytes_per_rank(values, world_size),
+        PARAM_VALUES: ring_bytes_per_rank(values, world_size),
+        MASKS: ring_bytes_per_rank(mask_bytes, world_size),
+        SCALARS: 0.0,
+    }
 
 
 @dataclass

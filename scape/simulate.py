@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from scape.adams import AdamS
 from scape.basis import ShardBasis
-from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, SCALARS, ring_bytes_per_rank
+from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
 from scape.layout import FlatLayout
 from scape.shard import (
@@ -261,20 +261,12 @@ class Simulator:
         """Per rank: the all-reduce of each bucket's values and its finite flag (booked as its
         reduce-scatter and all-gather halves) and the all-gather of the next step's masks (one
         byte per selected coefficient)."""
-        W, cfg = self.world_size, self.scape
-        size = torch.empty((), dtype=WIRE_DTYPES[cfg.value_dtype]).element_size()
-        if dense:
-            values = self.layout.total + len(self.bases)
-            masks = 0
-        else:
-            values = sum(W * basis.num_selected + 1 for basis in self.bases)
-            masks = sum(W * basis.num_selected for basis in self.bases)
-        return {
-            GRAD_VALUES: ring_bytes_per_rank(values * size, W),
-            PARAM_VALUES: ring_bytes_per_rank(values * size, W),
-            MASKS: ring_bytes_per_rank(masks, W),
-            SCALARS: 0.0,
-        }
+        size = torch.empty((), dtype=WIRE_DTYPES[self.scape.value_dtype]).element_size()
+        per_shard = [
+            self.layout.shard_size(b) if dense else basis.num_selected
+            for b, basis in enumerate(self.bases)
+        ]
+        return step_bytes_per_rank(per_shard, self.world_size, size, masks=not dense)
 
     def _scape_step(self, grads: list[list[Tensor]], loss: float, lr: float) -> StepResult:
         cfg, W, hp = self.scape, self.world_size, self.hp

@@ -4,7 +4,7 @@ synthesis removes exactly the selected coefficients (what conservation rests on)
 import pytest
 import torch
 
-from scape.basis import MAX_CHUNK, ShardBasis, dct_matrix
+from scape.basis import MAX_CHUNK, ShardBasis, dct_matrix, selected_count
 
 
 def test_dct_matrix_is_orthonormal_and_the_same_every_call():
@@ -21,8 +21,10 @@ def test_select_gather_synthesize(size, chunk, k):
     torch.manual_seed(0)
     basis = ShardBasis(size, chunk, k)
     assert basis.num_selected == (size // chunk) * k + min(k, size % chunk)
+    assert selected_count(size, chunk, k) == basis.num_selected  # what byte tables count
     x = torch.randn(3, size)
     masks = torch.stack([basis.select(x[i]) for i in range(3)])
+    assert masks.shape == (3, basis.num_selected)
     head, tail = basis.transform(x)
     for i in range(3):  # the k largest |coefficients| of every chunk, offsets ascending
         m = masks[i, : basis.full * k].view(basis.full, k)

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from scape.basis import ShardBasis
-from scape.comm import SparseCommunicator, ring_bytes_per_rank
+from scape.comm import SparseCommunicator, ring_bytes_per_rank, step_bytes_per_rank
 from scape.shard import pack
 from scape.testing import run_distributed
 
@@ -66,3 +66,14 @@ def test_one_all_reduce_and_the_mask_all_gather_match_single_process_sums(world_
         assert counts["grad_values"] == counts["param_values"] == ring * n * 4
         assert counts["grad_values"] == ring_bytes_per_rank(n * 4, world_size)
         assert counts["masks"] == ring * n  # one byte per selected coefficient
+
+
+def test_step_bytes_are_one_all_reduce_per_bucket_plus_one_byte_per_mask_entry():
+    """The formula the simulator, the benchmarks' tables and the projection share."""
+    ring = 3 / 4
+    sparse = step_bytes_per_rank([10, 3], 4, 2, masks=True)
+    assert sparse["grad_values"] == sparse["param_values"] == ring * (4 * 10 + 1 + 4 * 3 + 1) * 2
+    assert sparse["masks"] == ring * 4 * 13 and sparse["scalars"] == 0.0
+    dense = step_bytes_per_rank([1000], 4, 4, masks=False)
+    assert dense["grad_values"] == ring * (4 * 1000 + 1) * 4 and dense["masks"] == 0.0
+    assert step_bytes_per_rank([10], 1, 4, masks=True)["grad_values"] == 0.0  # no peers
