@@ -14,7 +14,7 @@ DRY_RUN ?= 0
 # ALLOW_BUSY=1: let benchmarks time beside studies/tests (disturbed rounds are marked noisy)
 BUSY    := $(if $(filter 1,$(ALLOW_BUSY)),--allow-busy)
 
-.PHONY: setup test lint bench-core prepare prefetch reproduce-table quality-study peers-study clean-venv
+.PHONY: setup test lint prepare prefetch reproduce-table quality-study peers-study clean-venv
 
 setup: $(STAMP)
 
@@ -62,9 +62,6 @@ ifeq ($(SCALE)-$(CLUSTER)-$(DRY_RUN),tiny-local-0)
 endif
 	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
 
-bench-core: $(STAMP)
-	$(PY) -m benchmarks.core $(BUSY) $(ARGS)
-
 # Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on
 # the emulated cluster (network namespaces: run as root, else that part is skipped with a
 # message), projection, break-even map, README. One command, ~25 min on a quiet 2-core
@@ -73,7 +70,7 @@ bench-core: $(STAMP)
 # study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
 # re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*
 # and results/bench/README.md.
-.PHONY: bench bench-bytes bench-overhead bench-cluster bench-step bench-break-even bench-project bench-report bench-peers-cluster
+.PHONY: bench bench-bytes bench-overhead bench-step bench-break-even bench-project bench-report bench-peers-cluster
 bench: $(STAMP)
 	$(PY) -m benchmarks.bytes $(BUSY)
 	$(PY) -m benchmarks.overhead $(BUSY)
@@ -87,11 +84,6 @@ bench-bytes: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(PY) -m benchmarks.overhead $(BUSY) $(ARGS)
-
-# The communicator-level workload (issue 6; no longer part of `make bench`): what the
-# one-step mask delay buys, gloo's reduce-scatter volume. ~8 min.
-bench-cluster: $(STAMP)
-	$(PY) -m benchmarks.cluster $(BUSY) $(ARGS)
 
 # Issue 14: the pretrain stage's Megatron train step (dense AdamS with and without Megatron's
 # overlap, SCAPE-90, SCAPE-99) on 2 and 4 ranks at 100 Mbit/s, 1 and 10 Gbit/s, with a

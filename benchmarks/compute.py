@@ -1,11 +1,6 @@
-"""The compute half of a benchmark step: a small Llama trained on byte-level text.
-
-Why a model of our own here: the emulated cluster needs a real forward/backward whose
-gradients have real structure (mask overlap between steps depends on it) and whose cost
-is small and steady on a shared 2-core machine. This is a plain-PyTorch Llama (RMSNorm,
-SwiGLU, RoPE, causal attention, untied embeddings); the Megatron ``GPTModel`` of
-``scape.megatron.models`` is the one the real training uses, and the workload seam
-(:mod:`benchmarks.workloads`) takes either.
+"""The model shape and data of the byte-count runs (:mod:`benchmarks.bytes`): a small Llama
+(built as a Megatron ``GPTModel`` by :mod:`benchmarks.megatron_workload`) on byte-level text,
+so that no prepared corpus or tokenizer is needed.
 
 Data: the first bytes of the English Wikipedia sample shipped inside the pinned ``gensim``
 package (markup included), as tokens 0..255; a seeded synthetic stream if it is missing.
@@ -21,10 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-__all__ = ["LlamaShape", "TinyLlama", "batch_for", "corpus_bytes", "flops_per_step"]
+__all__ = ["LlamaShape", "batch_for", "corpus_bytes"]
 
 _WIKI = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -43,61 +37,6 @@ class LlamaShape:
         h, f = self.hidden, self.ffn
         per_layer = 4 * h * h + 3 * h * f + 2 * h
         return self.layers * per_layer + 2 * self.vocab * h + h
-
-
-class _Block(nn.Module):
-    def __init__(self, s: LlamaShape) -> None:
-        super().__init__()
-        self.heads = s.heads
-        self.norm1, self.norm2 = nn.RMSNorm(s.hidden, eps=1e-5), nn.RMSNorm(s.hidden, eps=1e-5)
-        self.qkv = nn.Linear(s.hidden, 3 * s.hidden, bias=False)
-        self.proj = nn.Linear(s.hidden, s.hidden, bias=False)
-        self.fc1 = nn.Linear(s.hidden, 2 * s.ffn, bias=False)  # gate and up, fused
-        self.fc2 = nn.Linear(s.ffn, s.hidden, bias=False)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, -1).unbind(2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, h))
-        gate, up = self.fc1(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.fc2(F.silu(gate) * up)
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-class TinyLlama(nn.Module):
-    def __init__(self, shape: LlamaShape, seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.shape = shape
-        self.embed = nn.Embedding(shape.vocab, shape.hidden)
-        self.blocks = nn.ModuleList(_Block(shape) for _ in range(shape.layers))
-        self.norm = nn.RMSNorm(shape.hidden, eps=1e-5)
-        self.head = nn.Linear(shape.hidden, shape.vocab, bias=False)
-        for p in self.parameters():
-            if p.ndim >= 2:
-                nn.init.normal_(p, std=0.02)
-        head_dim = shape.hidden // shape.heads
-        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
-        angles = torch.outer(torch.arange(shape.seq).float(), inv)  # (seq, head_dim/2)
-        self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
-        self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Mean next-token cross-entropy of ``tokens`` (batch, seq + 1)."""
-        inputs, labels = tokens[:, :-1], tokens[:, 1:]
-        x = self.embed(inputs)
-        for block in self.blocks:
-            x = block(x, self.cos, self.sin)
-        logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 @lru_cache(maxsize=1)
@@ -132,8 +71,3 @@ def batch_for(shape: LlamaShape, *, rank: int, step: int, world_size: int) -> Te
         i = ((step * world_size + rank) * shape.batch + b) * 7919 % windows
         rows.append(data[i * span : (i + 1) * span])
     return torch.stack(rows)
-
-
-def flops_per_step(shape: LlamaShape) -> float:
-    """6 * params * tokens (forward + backward), the usual estimate."""
-    return 6.0 * shape.num_params() * shape.batch * shape.seq

@@ -1,4 +1,4 @@
-"""Alpha-beta cost model of ring collectives, fitted and used to predict step times.
+"""Alpha-beta cost model of ring collectives: the formula and its fit to timed collectives.
 
 A ring reduce-scatter (input T bytes) or all-gather (output T bytes) over W ranks takes
 W-1 steps; in each a rank sends T/W bytes to its neighbour:
@@ -6,18 +6,18 @@ W-1 steps; in each a rank sends T/W bytes to its neighbour:
     t(T, W) = (W - 1) * alpha + (W - 1) / W * T / B
 
 alpha: per-step latency (software + network); B: the bandwidth one rank gets for sending
-(each link is full duplex, so a ring's sends and receives do not compete). A step then
-costs its measured compute and local optimizer work plus the collectives it issues:
-one reduce-scatter of gradient values, one all-gather of parameter values, and (SCAPE)
-one all-gather of masks, hidden behind compute when the mask is delayed by a step.
+(each link is full duplex, so a ring's sends and receives do not compete). What a step's
+collectives cost, and what of it hides behind compute, is worked out where the step is
+modeled: :func:`benchmarks.megatron_step.predict` (the emulated rounds) and
+:mod:`benchmarks.projection` (the paper's cluster).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["AlphaBeta", "StepCost", "fit_alpha_beta", "predict_step", "ring_time"]
+__all__ = ["AlphaBeta", "fit_alpha_beta", "ring_time"]
 
 
 @dataclass(frozen=True)
@@ -61,57 +61,3 @@ def fit_alpha_beta(points: Iterable[tuple[int, float, float]]) -> AlphaBeta:
     if inv_b <= 0:
         raise ValueError("fitted bandwidth is not positive")
     return AlphaBeta(alpha, 1.0 / inv_b)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """A predicted step, by part (seconds)."""
-
-    compute: float
-    local: float  # optimizer-side work: pack, update, selection, encode/decode, unpack
-    grad_sync: float
-    param_sync: float
-    mask_exposed: float
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.local + self.grad_sync + self.param_sync + self.mask_exposed
-
-    def to_dict(self) -> dict[str, float]:
-        return {**self.__dict__, "total": self.total}
-
-
-def predict_step(
-    *,
-    world_size: int,
-    compute_s: float,
-    local_s: float,
-    bytes_per_rank: Mapping[str, float],
-    reduce_scatter: AlphaBeta,
-    all_gather: AlphaBeta,
-    mask_overlapped: bool = True,
-    mask_collectives: int = 1,
-) -> StepCost:
-    """Step time from measured compute/local work and the per-rank bytes of each kind.
-
-    ``bytes_per_rank`` uses the communicator's ring accounting ((W-1)/W of the collective's
-    size), so the collective's size is recovered as bytes * W / (W-1). A mask exchange that
-    overlaps compute costs only what sticks out beyond the compute it hides behind.
-    ``mask_collectives``: the delta encoding sends two (lengths, then payloads).
-    """
-    w = world_size
-    if w <= 1:
-        return StepCost(compute_s, local_s, 0.0, 0.0, 0.0)
-
-    def total_of(kind: str) -> float:
-        return bytes_per_rank.get(kind, 0.0) * w / (w - 1)
-
-    grad = ring_time(total_of("grad_values"), w, reduce_scatter)
-    param = ring_time(total_of("param_values"), w, all_gather)
-    mask = 0.0
-    if bytes_per_rank.get("masks", 0.0) > 0:
-        mask = ring_time(total_of("masks"), w, all_gather) + (mask_collectives - 1) * (
-            (w - 1) * all_gather.alpha_s
-        )
-    exposed = max(0.0, mask - compute_s) if mask_overlapped else mask
-    return StepCost(compute_s, local_s, grad, param, exposed)

@@ -4,7 +4,7 @@ cluster, for every optimizer of the peers experiment (issue 8).
     python -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2 \
         --out results/peers/cluster.json
 
-Unlike ``make bench-cluster`` (a communicator-level workload), each point here is a whole
+Unlike ``make bench-step`` (steps of several methods interleaved), each point here is a whole
 ``pipelines.training.trainer.train_rank`` run of ``experiment=peers_gpt345m_owt scale=tiny``
 with one optimizer of that experiment's sweep, every rank in its own network namespace behind a
 ``tc tbf``-shaped link (:mod:`benchmarks.netns`), started by :mod:`benchmarks.pretrain_rank`.

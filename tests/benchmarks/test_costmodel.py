@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.costmodel import AlphaBeta, fit_alpha_beta, predict_step, ring_time
+from benchmarks.costmodel import AlphaBeta, fit_alpha_beta, ring_time
 
 LINK = AlphaBeta(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us per step, 100 MB/s
 
@@ -32,27 +32,3 @@ def test_fit_clips_negative_latency():
 def test_fit_needs_two_points():
     with pytest.raises(ValueError):
         fit_alpha_beta([(4, 1e6, 0.01)])
-
-
-def test_predict_step_by_hand():
-    # Per-rank ring bytes 0.75 MB of grads at W=4 -> a 1 MB collective: 0.0003 + 0.0075 s.
-    b = {"grad_values": 0.75e6, "param_values": 0.75e6, "masks": 0.375e6}
-    on = predict_step(world_size=4, compute_s=0.1, local_s=0.02, bytes_per_rank=b,
-                      reduce_scatter=LINK, all_gather=LINK)  # fmt: skip
-    assert on.grad_sync == pytest.approx(0.0078)
-    assert on.param_sync == pytest.approx(0.0078)
-    assert on.mask_exposed == 0.0  # 0.5 MB mask all-gather hides behind 0.1 s of compute
-    assert on.total == pytest.approx(0.1 + 0.02 + 2 * 0.0078)
-    off = predict_step(world_size=4, compute_s=0.1, local_s=0.02, bytes_per_rank=b,
-                       reduce_scatter=LINK, all_gather=LINK, mask_overlapped=False)  # fmt: skip
-    assert off.mask_exposed == pytest.approx(0.0003 + 0.00375)
-    delta = predict_step(world_size=4, compute_s=0.1, local_s=0.0, bytes_per_rank=b,
-                         reduce_scatter=LINK, all_gather=LINK, mask_overlapped=False,
-                         mask_collectives=2)  # fmt: skip
-    assert delta.mask_exposed == pytest.approx(off.mask_exposed + 0.0003)
-
-
-def test_predict_single_rank_is_compute_only():
-    cost = predict_step(world_size=1, compute_s=0.1, local_s=0.01, bytes_per_rank={},
-                        reduce_scatter=LINK, all_gather=LINK)  # fmt: skip
-    assert cost.total == pytest.approx(0.11)
