@@ -9,10 +9,10 @@ cell is :func:`benchmarks.projection.project_model` (the cost model of ``make
 bench-project``) with that bandwidth and batch; its assumptions are
 :class:`benchmarks.projection.Assumptions` (one GH200 per node, compute = model FLOPs /
 (989 TFLOP/s x MFU 0.4), rings at 80% of line rate with 10 us per ring step, dense ZeRO-1
-in bf16 with one reduce-scatter and one all-gather per 40M-element bucket, SCAPE's values
-in bf16 with the best fixed mask encoding and one mask all-gather per bucket hidden behind
-compute, optimizer-side work from ``overhead.json``'s memory-traffic model), written into
-the JSON beside the numbers. ``no overlap``: every exchange after backward; ``overlap``: both
+in bf16 with one reduce-scatter and one all-gather per 40M-element bucket, SCAPE with one
+all-reduce of bf16 values per bucket and one mask all-gather per step hidden behind compute,
+optimizer-side work from :mod:`benchmarks.overhead`'s memory-traffic model, in which every
+SCAPE rank updates every entry), written into the JSON beside the numbers. ``no overlap``: every exchange after backward; ``overlap``: both
 methods hide their value exchange behind compute up to the compute time (Megatron's
 ``overlap_grad_reduce`` / ``overlap_param_gather`` at best).
 
@@ -34,7 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.projection import PAPER, Assumptions, project_model
+from benchmarks.projection import PAPER, Assumptions, load_overhead, project_model
 
 __all__ = ["break_even_bandwidth", "grid", "main", "measured_points", "ratio_curve"]
 
@@ -50,9 +50,8 @@ MODES = ("no_overlap", "full_overlap")
 METHODS = ("scape-99", "scape-90")
 
 
-def _cell(a: Assumptions, overlaps: dict[float, float], overhead: dict, bw: float,
-          tokens: int) -> dict[str, Any]:  # fmt: skip
-    p = project_model(MODEL, overlaps, overhead, replace(a, link_gbit=bw), tokens)
+def _cell(a: Assumptions, overhead: dict | None, bw: float, tokens: int) -> dict[str, Any]:
+    p = project_model(MODEL, replace(a, link_gbit=bw), tokens, overhead=overhead)
     dense_xfer = p["dense_comm_s"]["grad_sync"] + p["dense_comm_s"]["param_sync"]
     compute = p["dense_step_s"]["no_overlap"] - dense_xfer  # compute + dense optimizer work
     out = {"link_gbit": bw, "tokens_per_gpu": tokens, "compute_s": compute,
@@ -63,10 +62,10 @@ def _cell(a: Assumptions, overlaps: dict[float, float], overhead: dict, bw: floa
     return out
 
 
-def grid(a: Assumptions, overlaps: dict[float, float], overhead: dict,
-         bandwidths: list[float] = BANDWIDTHS, tokens: list[int] = TOKENS) -> list[dict]:  # fmt: skip
+def grid(a: Assumptions, overhead: dict | None = None, bandwidths: list[float] = BANDWIDTHS,
+         tokens: list[int] = TOKENS) -> list[dict]:  # fmt: skip
     """One projected cell per (bandwidth, tokens per GPU)."""
-    return [_cell(a, overlaps, overhead, bw, t) for t in tokens for bw in bandwidths]
+    return [_cell(a, overhead, bw, t) for t in tokens for bw in bandwidths]
 
 
 def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
@@ -89,12 +88,12 @@ def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
     return None
 
 
-def ratio_curve(a: Assumptions, overlaps: dict[float, float], overhead: dict,
+def ratio_curve(a: Assumptions, overhead: dict | None = None,
                 tokens: int = 16384) -> list[dict]:  # fmt: skip
     """Speed-up against the dense comm/compute ratio: the map's row at ``tokens`` over a
     wide bandwidth range (0.05-3000 Gbit/s), so every emulated ratio has a projected value."""
     bws = [10 ** (i / 8) for i in range(-11, 29)]
-    return sorted((_cell(a, overlaps, overhead, bw, tokens) for bw in bws),
+    return sorted((_cell(a, overhead, bw, tokens) for bw in bws),
                   key=lambda c: c["comm_over_compute"])  # fmt: skip
 
 
@@ -352,12 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
     d = args.bench_dir
-    bytes_report = json.loads((d / "bytes.json").read_text())
-    overlaps = {float(k): v for k, v in bytes_report["overlap_used_at_scale"].items()}
-    overhead = json.loads((d / "overhead.json").read_text())
+    overhead = load_overhead(d)  # measured on a GPU for this step, else the traffic model
     a = Assumptions()
-    cells = grid(a, overlaps, overhead)
-    curve = ratio_curve(a, overlaps, overhead)
+    cells = grid(a, overhead)
+    curve = ratio_curve(a, overhead)
     points = measured_points(d / "megatron_step.json")
     summary = summarize(cells, curve, points, a)
     plot(cells, curve, points, d / "break_even.png")

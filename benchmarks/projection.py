@@ -5,22 +5,27 @@ and written into ``results/bench/projection.json`` beside the numbers:
 
 * network: one GPU per node, NDR InfiniBand at 400 Gbit/s per direction; NCCL rings reach
   about 80% of line rate on large messages, so B = 40 GB/s per rank; alpha = 10 us per
-  ring step (IB latency plus NCCL protocol overhead; two-tier fat tree). One
-  reduce-scatter and one all-gather per Megatron bucket (40M elements), SCAPE adding one
-  mask all-gather per bucket;
+  ring step (IB latency plus NCCL protocol overhead; two-tier fat tree);
+* exchanges (bytes from :mod:`benchmarks.scale`, the formulas the counters are tested
+  against): dense ZeRO-1 issues one reduce-scatter of bf16 gradients and one all-gather of
+  bf16 parameters per Megatron bucket (40M elements); SCAPE one all-reduce per bucket of
+  the selected DCT coefficients' values (two ring passes: a reduce-scatter and an all-
+  gather; there is no parameter all-gather) and one all-gather per step of the next step's
+  masks (one byte per coefficient), hidden behind compute; SCAPE's values in bf16
+  (``value_dtype=bfloat16``: the library's default, float32, doubles its value bytes);
 * compute: forward+backward FLOPs = 6 N T + 12 L h s T (T tokens per GPU per step), on a
-  Hopper GPU at 989 TFLOP/s bf16 peak with 40% MFU -- or, when the GPU check of the
-  Megatron issue (``scripts/gpu_check.py``) has written ``results/gpu/gpu_check_*.json``,
-  at the MFU its dense GPT-345M steps reached, with SCAPE's selection, encode/decode, pack
-  and scatter kernels taken from its Llama-1.8B micro-benchmark;
+  Hopper GPU at 989 TFLOP/s bf16 peak with 40% MFU -- or, when the GPU check
+  (``scripts/gpu_check.py``) has written ``results/gpu/gpu_check_*.json``, at the MFU its
+  dense GPT-345M steps reached, with SCAPE's kernels taken from its Llama-1.8B
+  micro-benchmark;
 * batch: 16,384 tokens per GPU per step (0.5M tokens globally, the GPT-2/nanoGPT recipe),
   the paper's batch being unknown; a sweep over tokens per GPU is written too;
 * optimizer-side work: the memory-traffic model of :mod:`benchmarks.overhead` (GPU time =
-  bytes / (4 TB/s x 0.6)); measured GPU numbers replace it when ``overhead.json`` has them;
-* dense exchange: bf16 grads and params (ZeRO-1); two bounds, no overlap (as our emulated
-  runs) and Megatron's full overlap (grad reduce-scatter behind backward, param all-gather
-  behind forward: comm hidden up to the compute time);
-* SCAPE: bf16 values, masks in the best fixed encoding, mask all-gather hidden.
+  bytes / (4 TB/s x 0.6)); every SCAPE rank decodes and updates all N entries, a dense rank
+  its N/W; measured GPU numbers replace the model when ``overhead.json`` has them for this
+  step, or the GPU check's kernels;
+* overlap: two bounds, no overlap (every exchange after backward, as the emulated runs)
+  and full overlap (each method's value exchange hidden behind compute up to its time).
 """
 
 from __future__ import annotations
@@ -32,22 +37,22 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.core import megatron_buckets
-from benchmarks.costmodel import AlphaBeta, ring_time
-from benchmarks.overhead import traffic_bytes
-from scape.encoding import delta_nbytes, encoded_nbytes
-from scape.masks import num_selected
+from benchmarks.costmodel import AlphaBeta
+from benchmarks.overhead import SCAPE_STEP, traffic_bytes
+from benchmarks.scale import dense_bytes, megatron_buckets, scape_bytes, scape_selected
+from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
 
 __all__ = [
+    "SPARSITIES",
     "Assumptions",
     "comm_seconds",
     "gpu_calibration",
-    "mask_bytes",
+    "load_overhead",
     "project_model",
-    "speedup_at_tokens",
 ]
 
 PAPER = {"speedup_llama_1_8b": 3.26, "wallclock_saving_llama_500m": 0.433}
+SPARSITIES = {"scape-90": 0.9, "scape-99": 0.99}
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Assumptions:
     tokens_per_gpu: int = 16_384
     hbm_Bps: float = 4.0e12
     hbm_efficiency: float = 0.6
+    scape_value_bytes: int = 2
 
     @property
     def link(self) -> AlphaBeta:
@@ -82,9 +88,10 @@ def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
     """The newest GPU check's numbers as calibration inputs, or None when there is none.
 
     mfu: FLOPs of its dense GPT-345M steps (8 sequences, W=1) / (median step x peak).
-    kernels: per-step seconds at Llama-1.8B, W=32, of SCAPE's measured kernels (sampled-
-    threshold selection, encode, decode of every rank's masks, pack, scatter) per density,
-    and of the dense AdamS update of the rank's shard.
+    kernels: per-step seconds of one rank of W=32 at Llama-1.8B (``buckets`` buckets) of
+    SCAPE's measured kernels (the owner's selection, accumulate + pack, commit, decode, the
+    rms update of every entry) per sparsity, and of the dense AdamS update of the rank's
+    shard.
     """
     from scape.megatron.models import SHAPES
 
@@ -95,149 +102,142 @@ def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
     dense = next(r for r in report["megatron"] if r["method"] == "dense")
     shape = SHAPES[dense["shape"]]
     flops = _flops(shape, 8 * shape.seq_length, dense["params"])
-    kernels = {"dense": report["kernels"]["dense_adams_update_s"]}
-    for label, density in (("scape-90", 0.1), ("scape-99", 0.01)):
-        row = report["kernels"][f"density_{density}"]
-        enc = "bitmap" if density >= 0.1 else "offset16"  # what ``auto`` picks at S = 1.25M
-        kernels[label] = (row["select_sampled_threshold_s"] + row[f"encode_{enc}_s"]
-                          + row[f"decode_{enc}_all_ranks_s"] + row["pack_s"]
-                          + row["scatter_params_s"])  # fmt: skip
+    k = report["kernels"]
+    kernels = {"dense": k["dense_adams_update_s"]}
+    for label, sparsity in SPARSITIES.items():
+        row = k[f"sparsity_{sparsity}"]
+        kernels[label] = (row["select_s"] + row["pack_s"] + row["commit_s"] + row["decode_s"]
+                          + row["rms_update_all_entries_s"])  # fmt: skip
     return {"file": str(files[-1]), "gpu": report["environment"].get("gpu"),
             "mfu": flops / (dense["median_step_s"] * Assumptions().peak_tflops * 1e12),
-            "kernels": kernels}  # fmt: skip
+            "buckets": k["buckets"], "kernels": kernels}  # fmt: skip
 
 
-def mask_bytes(shard: int, k: int, encoding: str, overlap: float | None) -> int:
-    """One shard's mask on the wire: a fixed encoding, or the delta (+ its 4-byte length)."""
-    if encoding == "delta":
-        return delta_nbytes(shard, k, round((1.0 - overlap) * k)) + 4
-    return encoded_nbytes(shard, k, encoding)
+def load_overhead(bench_dir: Path) -> dict | None:
+    """``overhead.json`` if it timed this step (an older step's timings are not used)."""
+    path = bench_dir / "overhead.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    return doc if doc.get("scape_step") == SCAPE_STEP else None
 
 
-def comm_seconds(n_params: int, density: float, a: Assumptions, encoding: str = "auto",
-                 overlap: float | None = None) -> dict[str, float]:  # fmt: skip
-    """Exchange time per step: per bucket one RS and one AG (+ a mask AG for SCAPE)."""
-    return dict(_comm_seconds(n_params, density, a, encoding, overlap))
+def comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
+    """Exchange seconds per step (``sparsity`` None: dense), by part; each collective costs
+    (W-1) alpha plus the bytes a rank sends in it over B."""
+    return dict(_comm_seconds(n_params, sparsity, a))
 
 
 @functools.lru_cache(maxsize=4096)  # the break-even map asks for each link many times
-def _comm_seconds(n_params: int, density: float, a: Assumptions, encoding: str,
-                  overlap: float | None) -> dict[str, float]:  # fmt: skip
-    w = a.world_size
-    grad = param = mask = 0.0
-    for b in megatron_buckets(n_params, w):
-        shard = b // w
-        k = num_selected(shard, density)
-        grad += ring_time(w * k * 2, w, a.link)  # bf16 values, W shards of k
-        param += ring_time(w * k * 2, w, a.link)
-        if density < 1.0:
-            mask += ring_time(w * mask_bytes(shard, k, encoding, overlap), w, a.link)
-            if encoding == "delta":  # the lengths' all-gather: latency only
-                mask += (w - 1) * a.link.alpha_s
-    return {"grad_sync": grad, "param_sync": param, "mask": mask}
+def _comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
+    w, link = a.world_size, a.link
+    calls = len(megatron_buckets(n_params, w))  # per kind of value exchange: one per bucket
+    if sparsity is None:
+        sent = dense_bytes(n_params, w)
+    else:
+        sent = scape_bytes(n_params, w, sparsity, a.scape_value_bytes)
+
+    def seconds(kind: str, n_calls: int) -> float:
+        return (
+            n_calls * (w - 1) * link.alpha_s + sent[kind] / link.bandwidth_Bps
+            if sent[kind]
+            else 0.0
+        )
+
+    return {"grad_sync": seconds(GRAD_VALUES, calls), "param_sync": seconds(PARAM_VALUES, calls),
+            "mask": seconds(MASKS, 1)}  # fmt: skip
 
 
-def project_model(name: str, overlaps: dict[float, float], overhead: dict, a: Assumptions,
-                  tokens: int | None = None, gpu_cal: dict | None = None) -> dict:  # fmt: skip
-    """Projected step times of dense AdamS and SCAPE-90/99 for one model shape.
-
-    ``overlaps[density]``: measured overlap of consecutive masks, sizing the delta encoding.
-    """
+def project_model(name: str, a: Assumptions, tokens: int | None = None,
+                  gpu_cal: dict | None = None, overhead: dict | None = None) -> dict:  # fmt: skip
+    """Projected step times of dense AdamS and SCAPE-90/99 for one model shape."""
     from scape.megatron.models import SHAPES, count_params
 
     shape = SHAPES[name]
     n = count_params(shape)
     tokens = tokens or a.tokens_per_gpu
     compute = compute_seconds(shape, tokens, a)
-    buckets = len(megatron_buckets(n, a.world_size))
-    opt = _optimizer_seconds(overhead, buckets, gpu_cal)
-    dense_comm = comm_seconds(n, 1.0, a)
+    opt = optimizer_seconds(n, a, overhead, gpu_cal)
+    dense_comm = comm_seconds(n, None, a)
     dense_xfer = dense_comm["grad_sync"] + dense_comm["param_sync"]
     dense = {"no_overlap": compute + opt["dense"] + dense_xfer,
              "full_overlap": max(compute, dense_xfer) + opt["dense"]}  # fmt: skip
-    out = {"n_params": n, "buckets": buckets, "tokens_per_gpu": tokens, "compute_s": compute,
-           "dense_comm_s": dense_comm, "dense_step_s": dense, "scape": {}}  # fmt: skip
-    for label, density in (("scape-90", 0.1), ("scape-99", 0.01)):
-        for encoding in ("auto", "delta"):
-            overlap = overlaps.get(density) if encoding == "delta" else None
-            if encoding == "delta" and overlap is None:
-                continue
-            comm = comm_seconds(n, density, a, encoding, overlap)
-            exposed_mask = max(0.0, comm["mask"] - compute)  # the delayed mask hides
-            xfer = comm["grad_sync"] + comm["param_sync"]
-            step = {"no_overlap": compute + opt[label] + xfer + exposed_mask,
-                    "full_overlap": max(compute, xfer) + opt[label] + exposed_mask}  # fmt: skip
-            name = label if encoding == "auto" else f"{label}-delta"
-            out["scape"][name] = {"comm_s": comm, "optimizer_s": opt[label], "step_s": step}
-            for mode in ("no_overlap", "full_overlap"):
-                out["scape"][name][f"speedup_{mode}"] = dense[mode] / step[mode]
-                out["scape"][name][f"saving_{mode}"] = 1.0 - step[mode] / dense[mode]
+    out = {"n_params": n, "buckets": len(megatron_buckets(n, a.world_size)),
+           "tokens_per_gpu": tokens, "compute_s": compute, "dense_comm_s": dense_comm,
+           "dense_optimizer_s": opt["dense"], "optimizer_source": opt["source"],
+           "dense_step_s": dense, "scape": {}}  # fmt: skip
+    for label, sparsity in SPARSITIES.items():
+        comm = comm_seconds(n, sparsity, a)
+        exposed_mask = max(0.0, comm["mask"] - compute)  # made a step ahead: hides behind it
+        xfer = comm["grad_sync"] + comm["param_sync"]
+        step = {"no_overlap": compute + opt[label] + xfer + exposed_mask,
+                "full_overlap": max(compute, xfer) + opt[label] + exposed_mask}  # fmt: skip
+        entry = {"comm_s": comm, "optimizer_s": opt[label], "step_s": step}
+        for mode in ("no_overlap", "full_overlap"):
+            entry[f"speedup_{mode}"] = dense[mode] / step[mode]
+            entry[f"saving_{mode}"] = 1.0 - step[mode] / dense[mode]
+        out["scape"][label] = entry
     return out
 
 
-def _optimizer_seconds(overhead: dict, buckets: int, gpu_cal: dict | None = None) -> dict:
+def optimizer_seconds(n_params: int, a: Assumptions, overhead: dict | None = None,
+                      gpu_cal: dict | None = None) -> dict:  # fmt: skip
     """Per-step optimizer-side seconds on the GPU: measured where we can, else modeled.
 
-    Order of preference: ``overhead.json`` measured on a GPU; the GPU check's kernels
-    (measured at Llama-1.8B, scaled by buckets) plus the parts it does not time (residual
-    commit, decay of all entries, masked update, age) from the memory-traffic model; the
-    memory-traffic model alone.
+    Order of preference: ``overhead.json`` of this step measured on a GPU (per bucket, times
+    buckets); the GPU check's kernels (measured at Llama-1.8B, scaled by buckets) plus the
+    parts it does not time (weight decay of every entry; dense: the gradient scaling) from
+    the memory-traffic model; the memory-traffic model alone.
     """
-    gpu = overhead.get("devices", {}).get("cuda")
-    n18 = overhead["buckets_per_model"]["llama-1.8b"]
+    w = a.world_size
+    buckets = megatron_buckets(n_params, w)
+    bw = a.hbm_Bps * a.hbm_efficiency
+    gpu = (overhead or {}).get("devices", {}).get("cuda")
     out: dict = {}
-    for label in ("scape-90", "scape-99"):
+    for label, sparsity in SPARSITIES.items():
+        selected = scape_selected(buckets, w, sparsity)
+        traffic = [traffic_bytes(w, b // w, s) for b, s in zip(buckets, selected, strict=True)]
         if gpu:
-            out[label] = buckets * gpu[label]["scape_total_s"]
-            out["dense"] = buckets * gpu[label]["dense_total_s"]
-            continue
-        cpu = overhead["devices"]["cpu"][label]
-        model = cpu["gpu_model"]
-        if gpu_cal is not None:
-            parts = traffic_bytes(overhead["world_size"], overhead["shard"], cpu["k"])["scape"]
-            rest = sum(parts[p] for p in ("commit", "decay", "update", "age"))
-            rest_s = rest / (model["assumed_hbm_Bps"] * model["assumed_efficiency"])
-            out[label] = buckets * (gpu_cal["kernels"][label] / n18 + rest_s)
-            out["dense"] = buckets * gpu_cal["kernels"]["dense"] / n18
+            out[label] = len(buckets) * gpu[label]["scape_total_s"]
+            out["dense"] = len(buckets) * gpu[label]["dense_total_s"]
+        elif gpu_cal is not None:
+            scale = len(buckets) / gpu_cal["buckets"]
+            out[label] = scale * gpu_cal["kernels"][label] + sum(
+                t["scape"]["decay"] for t in traffic) / bw  # fmt: skip
+            out["dense"] = scale * gpu_cal["kernels"]["dense"] + sum(
+                t["dense"]["scale"] for t in traffic) / bw  # fmt: skip
         else:
-            out[label] = buckets * model["scape_s_per_step"] / n18
-            out["dense"] = buckets * model["dense_s_per_step"] / n18
+            out[label] = sum(sum(t["scape"].values()) for t in traffic) / bw
+            out["dense"] = sum(sum(t["dense"].values()) for t in traffic) / bw
     if gpu:
-        out["source"] = "measured on GPU"
+        out["source"] = "measured on GPU (overhead.json)"
     elif gpu_cal is not None:
         out["source"] = f"GPU check kernels ({gpu_cal['gpu']}) + modeled remainder"
     else:
-        out["source"] = "modeled (memory traffic / HBM bandwidth)"
+        out["source"] = (f"modeled (memory traffic / ({a.hbm_Bps / 1e12:g} TB/s x "
+                         f"{a.hbm_efficiency}))")  # fmt: skip
     return out
-
-
-def speedup_at_tokens(name: str, overlaps: dict[float, float], overhead: dict, a: Assumptions,
-                      tokens: int, label: str = "scape-99") -> float:  # fmt: skip
-    p = project_model(name, overlaps, overhead, a, tokens)
-    return p["scape"][label]["speedup_no_overlap"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
-    bytes_report = json.loads((args.bench_dir / "bytes.json").read_text())
-    overlaps = {float(d): o for d, o in bytes_report["overlap_used_at_scale"].items()}
-    overhead = json.loads((args.bench_dir / "overhead.json").read_text())
+    overhead = load_overhead(args.bench_dir)
     cal = gpu_calibration()
     a = Assumptions() if cal is None else replace(Assumptions(), mfu=cal["mfu"])
-    models = {m: project_model(m, overlaps, overhead, a, gpu_cal=cal)
+    models = {m: project_model(m, a, gpu_cal=cal, overhead=overhead)
               for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
     sweep = {
-        m: {t: {lab: project_model(m, overlaps, overhead, a, t, cal)["scape"][lab]
-                ["speedup_no_overlap"] for lab in ("scape-90", "scape-99")}
+        m: {t: {lab: project_model(m, a, t, cal, overhead)["scape"][lab]["speedup_no_overlap"]
+                for lab in SPARSITIES}
             for t in (1024, 2048, 4096, 8192, 16384, 32768)}
         for m in models
     }  # fmt: skip
     report = {"assumptions": asdict(a), "paper": PAPER, "models": models,
               "speedup_vs_tokens_per_gpu_no_overlap": sweep,
               "gpu_calibration": cal or "none: no results/gpu/gpu_check_*.json (no GPU run yet)",
-              "optimizer_source": _optimizer_seconds(overhead, 1, cal)["source"]}  # fmt: skip
+              "optimizer_source": models["llama-1.8b"]["optimizer_source"]}  # fmt: skip
     out = args.bench_dir / "projection.json"
     out.write_text(json.dumps(report, indent=1))
     for m, p in models.items():

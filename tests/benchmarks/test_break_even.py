@@ -9,18 +9,11 @@ import pytest
 from benchmarks import break_even as be
 from benchmarks.projection import Assumptions, project_model
 
-OVERLAPS = {0.1: 0.99, 0.01: 0.96}
-OVERHEAD = {
-    "buckets_per_model": {"llama-1.8b": 45},
-    "devices": {"cpu": {lab: {"gpu_model": {"scape_s_per_step": 0.02, "dense_s_per_step": 0.01}}
-                        for lab in ("scape-90", "scape-99")}},
-}  # fmt: skip
-
 
 def test_a_cell_is_the_projection_at_that_bandwidth_and_batch():
     a = Assumptions()
-    cell = be._cell(a, OVERLAPS, OVERHEAD, 25.0, 4096)
-    p = project_model("llama-1.8b", OVERLAPS, OVERHEAD, Assumptions(link_gbit=25.0), 4096)
+    cell = be._cell(a, None, 25.0, 4096)
+    p = project_model("llama-1.8b", Assumptions(link_gbit=25.0), 4096)
     assert cell["scape-99/no_overlap"] == p["scape"]["scape-99"]["speedup_no_overlap"]
     assert cell["scape-90/full_overlap"] == p["scape"]["scape-90"]["speedup_full_overlap"]
     dense = p["dense_comm_s"]["grad_sync"] + p["dense_comm_s"]["param_sync"]
@@ -30,7 +23,7 @@ def test_a_cell_is_the_projection_at_that_bandwidth_and_batch():
 
 
 def test_speed_up_falls_with_bandwidth_and_batch():
-    cells = be.grid(Assumptions(), OVERLAPS, OVERHEAD, [1.0, 10.0, 100.0, 400.0], [1024, 16384])
+    cells = be.grid(Assumptions(), None, [1.0, 10.0, 100.0, 400.0], [1024, 16384])
     for t in (1024, 16384):
         row = [c["scape-99/no_overlap"] for c in cells if c["tokens_per_gpu"] == t]
         assert row == sorted(row, reverse=True) and row[0] > row[-1]
@@ -50,7 +43,7 @@ def test_break_even_bandwidth_interpolates_and_says_when_never_or_always():
 
 
 def test_needed_ratio_is_where_the_curve_crosses_the_target():
-    curve = be.ratio_curve(Assumptions(), OVERLAPS, OVERHEAD)
+    curve = be.ratio_curve(Assumptions())
     r = be.needed_ratio(curve, "scape-99/no_overlap")
     assert r is not None
     assert be._interp(curve, "scape-99/no_overlap", r) == pytest.approx(be.TARGET, rel=1e-6)
@@ -58,10 +51,6 @@ def test_needed_ratio_is_where_the_curve_crosses_the_target():
 
 
 def _bench_dir(tmp_path, with_points):
-    (tmp_path / "bytes.json").write_text(
-        json.dumps({"overlap_used_at_scale": {"0.1": 0.99, "0.01": 0.96}})
-    )
-    (tmp_path / "overhead.json").write_text(json.dumps(OVERHEAD))
     if with_points:
         pts = [{"round": "w2-1gbit", "world_size": 2, "link": "1gbit", "method": m,
                 "comm_over_compute": r, "load_before": 0.3, "load_after": 1.2, "noisy": False,
@@ -89,7 +78,7 @@ def test_places_each_measurement_at_its_dense_ratio(tmp_path):
     (m,) = summary["measured"]
     assert m["comm_over_compute"] == 4.0  # the dense step's ratio, not SCAPE's
     assert m["scape-99/no_overlap"] == 3.5 and m["scape-99/full_overlap"] == pytest.approx(2.8)
-    curve = be.ratio_curve(Assumptions(), OVERLAPS, OVERHEAD)
+    curve = be.ratio_curve(Assumptions())
     assert m["scape-99/no_overlap/projected"] == pytest.approx(
         be._interp(curve, "scape-99/no_overlap", 4.0)
     )

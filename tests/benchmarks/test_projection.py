@@ -1,46 +1,73 @@
-"""Projection arithmetic: collectives per bucket, mask sizes, monotone in batch size."""
+"""Projection arithmetic: collectives per bucket and per step, optimizer work, monotone in
+batch size, calibration from a GPU check, stale overhead files ignored."""
 
 import json
 
 import pytest
-from scape.encoding import delta_nbytes, encoded_nbytes
 
 from benchmarks.costmodel import ring_time
-from benchmarks.projection import Assumptions, comm_seconds, mask_bytes, project_model
+from benchmarks.overhead import SCAPE_STEP, traffic_bytes
+from benchmarks.projection import (
+    Assumptions,
+    comm_seconds,
+    load_overhead,
+    optimizer_seconds,
+    project_model,
+)
 
 A = Assumptions()
+N = 80_000_000  # two full 40M buckets at W=32: shards of 1.25M
 
 
 def test_dense_comm_is_two_rings_per_bucket():
-    n = 80_000_000  # two full 40M buckets at W=32
-    got = comm_seconds(n, 1.0, A)
+    got = comm_seconds(N, None, A)
     per_bucket = ring_time(40_000_000 * 2, 32, A.link)
     assert got["grad_sync"] == pytest.approx(2 * per_bucket)
     assert got["param_sync"] == pytest.approx(2 * per_bucket)
     assert got["mask"] == 0.0
 
 
-def test_mask_bytes():
-    assert mask_bytes(1_250_000, 12_500, "auto", None) == encoded_nbytes(
-        1_250_000, 12_500, "offset16"
-    )
-    assert mask_bytes(1_250_000, 12_500, "delta", 0.9) == delta_nbytes(1_250_000, 12_500, 1250) + 4
+def test_scape_comm_is_one_all_reduce_per_bucket_and_one_mask_all_gather_per_step():
+    got = comm_seconds(N, 0.99, A)
+    values = (32 * 12_500 + 1) * 2  # W shards of 1 coefficient per 100 entries + the flag, bf16
+    # an all-reduce is a reduce-scatter pass and an all-gather pass of the same buffer
+    assert got["grad_sync"] == pytest.approx(2 * ring_time(values, 32, A.link))
+    assert got["param_sync"] == pytest.approx(2 * ring_time(values, 32, A.link))
+    assert got["mask"] == pytest.approx(ring_time(2 * 32 * 12_500, 32, A.link))  # 1 byte each
+    fp32 = comm_seconds(N, 0.99, Assumptions(scape_value_bytes=4))
+    assert fp32["grad_sync"] == pytest.approx(2 * ring_time(2 * values, 32, A.link))
 
 
-OVERHEAD = {
-    "buckets_per_model": {"llama-1.8b": 45},
-    "devices": {"cpu": {lab: {"gpu_model": {"scape_s_per_step": 0.02, "dense_s_per_step": 0.01}}
-                        for lab in ("scape-90", "scape-99")}},
-}  # fmt: skip
+def test_modeled_optimizer_work_updates_every_entry_on_every_rank():
+    opt = optimizer_seconds(N, A)
+    t = traffic_bytes(32, 1_250_000, 12_500)
+    bw = A.hbm_Bps * A.hbm_efficiency
+    assert opt["scape-99"] == pytest.approx(2 * sum(t["scape"].values()) / bw)
+    assert opt["dense"] == pytest.approx(2 * sum(t["dense"].values()) / bw)
+    assert opt["scape-99"] > 5 * opt["dense"]  # O(N) per rank against O(N / W) + the scaling
+    assert "modeled" in opt["source"]
 
 
 def test_speedup_falls_with_tokens_per_gpu():
-    small = project_model("llama-1.8b", {0.01: 0.9, 0.1: 0.9}, OVERHEAD, A, 1024)
-    large = project_model("llama-1.8b", {0.01: 0.9, 0.1: 0.9}, OVERHEAD, A, 65536)
+    small = project_model("llama-1.8b", A, 1024)
+    large = project_model("llama-1.8b", A, 65536)
     s, l_ = small["scape"]["scape-99"], large["scape"]["scape-99"]
-    assert s["speedup_no_overlap"] > l_["speedup_no_overlap"] > 1.0
+    assert s["speedup_no_overlap"] > l_["speedup_no_overlap"]
     assert large["compute_s"] == pytest.approx(64 * small["compute_s"], rel=1e-9)
-    assert s["optimizer_s"] == pytest.approx(0.02)
+    assert s["optimizer_s"] == l_["optimizer_s"]  # optimizer work does not scale with tokens
+
+
+def test_measured_gpu_overhead_is_used_only_for_this_step(tmp_path):
+    assert load_overhead(tmp_path) is None
+    per_bucket = {lab: {"scape_total_s": 0.002, "dense_total_s": 0.001}
+                  for lab in ("scape-90", "scape-99")}  # fmt: skip
+    doc = {"devices": {"cuda": per_bucket}}
+    (tmp_path / "overhead.json").write_text(json.dumps(doc))  # an older step's file
+    assert load_overhead(tmp_path) is None
+    (tmp_path / "overhead.json").write_text(json.dumps({**doc, "scape_step": SCAPE_STEP}))
+    overhead = load_overhead(tmp_path)
+    opt = optimizer_seconds(N, A, overhead)
+    assert opt["scape-99"] == pytest.approx(0.004) and opt["dense"] == pytest.approx(0.002)
 
 
 def test_gpu_check_calibrates_mfu_and_kernels(tmp_path):
@@ -51,15 +78,19 @@ def test_gpu_check_calibrates_mfu_and_kernels(tmp_path):
     shape = SHAPES["gpt-345m"]
     params = 354_871_296
     step = _flops(shape, 8 * 1024, params) / (989e12 * 0.5)  # a run at exactly 50% MFU
-    row = {"select_sampled_threshold_s": 1.0, "encode_offset16_s": 0.1, "encode_bitmap_s": 0.2,
-           "decode_offset16_all_ranks_s": 0.3, "decode_bitmap_all_ranks_s": 0.4,
-           "pack_s": 0.5, "scatter_params_s": 0.6}  # fmt: skip
+    row = {"select_s": 1.0, "pack_s": 0.1, "commit_s": 0.2, "decode_s": 0.3,
+           "rms_update_all_entries_s": 0.4}  # fmt: skip
     report = {"status": "ok", "environment": {"gpu": "H200"},
               "megatron": [{"method": "dense", "shape": "gpt-345m", "params": params,
                             "median_step_s": step}],
-              "kernels": {"dense_adams_update_s": 0.05, "density_0.1": row, "density_0.01": row}}  # fmt: skip
+              "kernels": {"buckets": 2, "dense_adams_update_s": 0.05, "sparsity_0.9": row,
+                          "sparsity_0.99": dict(row, select_s=2.0)}}  # fmt: skip
     (tmp_path / "gpu_check_H200_20260101T000000Z.json").write_text(json.dumps(report))
     cal = gpu_calibration(tmp_path)
     assert cal["mfu"] == pytest.approx(0.5)
-    assert cal["kernels"]["scape-99"] == pytest.approx(1.0 + 0.1 + 0.3 + 0.5 + 0.6)
-    assert cal["kernels"]["scape-90"] == pytest.approx(1.0 + 0.2 + 0.4 + 0.5 + 0.6)
+    assert cal["kernels"]["scape-90"] == pytest.approx(1.0 + 0.1 + 0.2 + 0.3 + 0.4)
+    assert cal["kernels"]["scape-99"] == pytest.approx(2.0 + 0.1 + 0.2 + 0.3 + 0.4)
+    opt = optimizer_seconds(N, A, None, cal)  # N has 2 buckets, as the calibration run
+    decay = 2 * traffic_bytes(32, 1_250_000, 12_500)["scape"]["decay"]
+    assert opt["scape-99"] == pytest.approx(2.0 + 1.0 + decay / (A.hbm_Bps * A.hbm_efficiency))
+    assert "GPU check kernels (H200)" in opt["source"]
