@@ -43,9 +43,10 @@ with the same settings, an unfinished run keeps its quiet rounds and runs the re
 same namespaces (:func:`benchmarks.costmodel.fit_alpha_beta`, median of each size); a
 method's predicted step = its floor + the exposed time of its collectives (calls per
 step x (W-1) alpha + bytes per rank / bandwidth, per kind: gradient values on the
-reduce-scatter fit, parameters and masks on the all-gather fit); with the overlap on,
-reduce-scatters hide behind backward up to (buckets-1)/buckets of it; a delayed mask
-exchange hides behind the step's compute.
+reduce-scatter fit, parameters and masks on the all-gather fit; SCAPE's all-reduce is
+both); with the overlap on, what travels during backward (dense: the reduce-scatters;
+SCAPE: its values' all-reduces) hides behind it up to (buckets-1)/buckets of it; SCAPE's
+mask all-gather, made a step ahead, hides behind the step's compute (see :func:`predict`).
 
 Writes ``results/bench/megatron_step.json`` (sweep) or ``runs/steptime.json`` (reproduce):
 ``rounds`` (every step of every method at its slowest rank, calibration, protocol record),
@@ -266,29 +267,40 @@ def paired_speedup(round_: dict[str, Any], ref: str | list[str], name: str) -> f
 
 def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
             fits: dict[str, dict[str, float]], world: int) -> dict[str, float]:  # fmt: skip
-    """The cost model for one method in one round (seconds, by part)."""
+    """The cost model for one method in one round (seconds, by part).
+
+    Dense: per bucket a gradient reduce-scatter (hidden behind backward with Megatron's
+    overlap, up to (buckets-1)/buckets of it) and a parameter all-gather after the step.
+    SCAPE (``values_in_grad_sync``): its values' all-reduces -- both passes, booked as
+    gradient and parameter values -- are started during backward and hide alike; its one
+    mask all-gather per step is made a step ahead and hides behind the step's compute."""
     if world <= 1:
         return {"floor": floor_s, "grad": 0.0, "param": 0.0, "mask": 0.0, "total": floor_s}
     rs, ag = (AlphaBeta(fits[op]["alpha_us"] * 1e-6, fits[op]["bandwidth_MBps"] * 1e6)
               for op in ("reduce_scatter", "all_gather"))  # fmt: skip
-    calls = max(1, int(method.get("buckets") or 1))
+    calls = max(1, int(method.get("value_collectives") or method.get("buckets") or 1))
     b = method["bytes_per_rank"]
 
-    def comm(kind: str, link: AlphaBeta) -> float:
+    def comm(kind: str, link: AlphaBeta, n_calls: int) -> float:
         nbytes = b.get(kind, 0.0)
         return (
-            0.0 if nbytes <= 0 else calls * (world - 1) * link.alpha_s + nbytes / link.bandwidth_Bps
+            0.0
+            if nbytes <= 0
+            else n_calls * (world - 1) * link.alpha_s + nbytes / link.bandwidth_Bps
         )
 
-    grad, param, mask = comm("grad_values", rs), comm("param_values", ag), comm("masks", ag)
+    grad, param = comm("grad_values", rs, calls), comm("param_values", ag, calls)
+    mask = comm("masks", ag, 1)
+    in_sync = grad + param if method.get("values_in_grad_sync") else grad
     hide = 0.0
     if method.get("overlap_grad_reduce") and calls > 1 and backward_s:
         hide = (calls - 1) / calls * backward_s
-    exposed_grad = max(0.0, grad - hide)
+    exposed_sync = max(0.0, in_sync - hide)
+    exposed_param = 0.0 if method.get("values_in_grad_sync") else param
     exposed_mask = max(0.0, mask - floor_s) if method.get("delay_mask") else mask
-    total = floor_s + exposed_grad + param + exposed_mask
-    return {"floor": floor_s, "grad": exposed_grad, "param": param, "mask": exposed_mask,
-            "hidden_grad": grad - exposed_grad, "total": total}  # fmt: skip
+    total = floor_s + exposed_sync + exposed_param + exposed_mask
+    return {"floor": floor_s, "grad": exposed_sync, "param": exposed_param, "mask": exposed_mask,
+            "hidden_grad": in_sync - exposed_sync, "total": total}  # fmt: skip
 
 
 def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

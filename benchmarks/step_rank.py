@@ -169,16 +169,22 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         engines[name] = build_engine(cfg, world)
         schedulers[name] = _build_scheduler(engines[name].optimizer, cfg)
         ddp = engines[name].ddp
+        scape = cfg.optimizer.scape if cfg.optimizer.name == "scape" else None
+        buckets = sum(len(g.buckets) for g in ddp.bucket_groups)
         info[name] = {
             "label": cfg.optimizer.label,
             "optimizer": cfg.optimizer.name,
             "model": cfg.model.name,
             "n_params": sum(p.numel() for p in ddp.module.parameters()),
             "bucket_groups": len(ddp.bucket_groups),
-            "buckets": sum(len(g.buckets) for g in ddp.bucket_groups),
+            "buckets": buckets,
             "overlap_grad_reduce": bool(cfg.train.overlap_grad_reduce),
-            "delay_mask": getattr(cfg.optimizer.scape, "delay_mask", None)
-            if cfg.optimizer.name == "scape" else None,
+            # What the cost model needs of SCAPE's exchange: its values travel in all-reduces
+            # started during backward (one per bucket, or one in all when fused); its masks in
+            # one all-gather a step ahead of their use.
+            "delay_mask": True if scape else None,
+            "values_in_grad_sync": scape is not None,
+            "value_collectives": 1 if scape and scape.fuse_buckets else buckets,
             "tokens_per_rank_step": cfg.train.global_batch_size // world * cfg.model.seq_length,
         }  # fmt: skip
     cfg0 = next(iter(cfgs.values()))

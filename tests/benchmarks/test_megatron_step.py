@@ -105,6 +105,18 @@ def test_model_hides_reduce_scatters_behind_backward_and_the_delayed_mask_behind
     assert ms.predict(dict(m, delay_mask=False), 0.5, 0.4, FITS, 2)["mask"] > 0
 
 
+def test_model_hides_scape_all_reduces_behind_backward_unless_fused():
+    m = {"buckets": 4, "value_collectives": 4, "overlap_grad_reduce": True, "delay_mask": True,
+         "values_in_grad_sync": True,
+         "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
+    p = ms.predict(m, 0.5, 0.4, FITS, 2)
+    values = 4 * 100e-6 + 1e6 / 50e6 + 4 * 100e-6 + 1e6 / 100e6  # both passes, 4 all-reduces
+    assert p["hidden_grad"] == pytest.approx(values) and p["grad"] == 0.0
+    assert p["param"] == 0.0 and p["mask"] == 0.0  # no parameter all-gather; mask hidden
+    fused = ms.predict(dict(m, value_collectives=1), 0.5, 0.4, FITS, 2)  # one, after backward
+    assert fused["grad"] == pytest.approx(2 * 100e-6 + 1e6 / 50e6 + 1e6 / 100e6)
+
+
 def _round(name, w, methods, **extra):
     return {"name": name, "mode": "floor" if name.startswith("floor") else "cluster",
             "world_size": w, "link": {"label": "1gbit", "rate_mbit": 1000.0},
