@@ -318,18 +318,23 @@ class Simulator:
             # just sent in full (the candidates), otherwise from the committed moments.
             new_masks = self._owner_masks(cand if dense else self.moment)
             if self.last_used_masks is not None:
-                overlap = _overlap(self.last_used_masks, new_masks)
+                overlap = _overlap(self.bases, self.last_used_masks, new_masks)
             self.masks = new_masks
         return StepResult(t, loss, norm, False, bytes_, mask_overlap=overlap,
                           moment_norm=float(self.moment.norm()))  # fmt: skip
 
 
-def _overlap(before: list[Tensor], after: list[Tensor]) -> float:
-    """Fraction of selected (chunk, offset) pairs kept from one mask to the next. Masks are
-    sorted within each chunk, so equal sets compare position by position only when k = 1;
-    in general each chunk's sets are compared."""
+def _overlap(bases: list[ShardBasis], before: list[Tensor], after: list[Tensor]) -> float:
+    """Fraction of selected (chunk, offset) pairs kept from one mask to the next, compared
+    chunk by chunk (a mask holds offsets within chunks, so equal offsets in different chunks
+    are different coefficients)."""
     kept = total = 0
-    for a, b in zip(before, after, strict=True):
-        kept += int((a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1).sum())
+    for basis, a, b in zip(bases, before, after, strict=True):
+        n_head = basis.full * basis.k
+        parts = [(a[..., :n_head].reshape(*a.shape[:-1], basis.full, basis.k),
+                  b[..., :n_head].reshape(*b.shape[:-1], basis.full, basis.k)),
+                 (a[..., n_head:].unsqueeze(-2), b[..., n_head:].unsqueeze(-2))]  # fmt: skip
+        for pa, pb in parts:
+            kept += int((pa.unsqueeze(-1) == pb.unsqueeze(-2)).any(-1).sum())
         total += b.numel()
     return kept / total

@@ -177,3 +177,18 @@ def test_rejects_unknown_method_and_bad_batch_count():
     sim = Simulator(make_model(), 2, method="scape", scape=ScapeConfig(chunk=8, k=1))
     with pytest.raises(ValueError, match="one batch per worker"):
         sim.step(batches_for(0, 3), mse)
+
+
+def test_mask_overlap_compares_coefficients_chunk_by_chunk():
+    """The same offsets in another chunk are other coefficients: swapping two chunks' masks
+    keeps nothing of them."""
+    from scape.basis import ShardBasis
+    from scape.simulate import _overlap
+
+    basis = ShardBasis(250, 100, 2)  # two chunks of 100 and a tail of 50, k = 2 each
+    before = torch.tensor([[0, 1, 5, 6, 3, 4]])  # chunk 0: {0, 1}, chunk 1: {5, 6}, tail {3, 4}
+    assert _overlap([basis], [before], [before.clone()]) == 1.0
+    swapped = torch.tensor([[5, 6, 0, 1, 3, 4]])  # chunks 0 and 1 swap: only the tail is kept
+    assert _overlap([basis], [before], [swapped]) == pytest.approx(2 / 6)
+    one_kept = torch.tensor([[0, 7, 5, 6, 3, 9]])
+    assert _overlap([basis], [before], [one_kept]) == pytest.approx(4 / 6)
