@@ -22,6 +22,10 @@ from torch import Tensor
 __all__ = ["ShardBasis", "dct_matrix", "selected_count"]
 
 MAX_CHUNK = 256  # one byte per chunk-relative offset on the wire
+# Up to this k, gather/synthesize project on the k selected rows of each chunk (k*C work);
+# above it the whole chunked transform (C*C work as one GEMM) is faster (k=10 of 100 on
+# one CPU core: 4 ms instead of 55 ms per shard of 56k entries).
+PROJECT_MAX_K = 2
 
 
 def selected_count(size: int, chunk: int, k: int) -> int:
@@ -94,8 +98,15 @@ class ShardBasis:
         return head, tail
 
     def gather(self, x: Tensor, mask: Tensor) -> Tensor:
-        """Coefficients of ``x`` (..., S) at ``mask``: (..., num_selected), by projection."""
-        head_rows, tail_rows = self._rows(mask)
+        """Coefficients of ``x`` (..., S) at ``mask``: (..., num_selected)."""
+        if self.k > PROJECT_MAX_K:  # the whole transform (one GEMM), then pick
+            head, tail = self.transform(x)
+            head_idx, tail_idx = self._split(mask)
+            parts = [head.gather(-1, head_idx).reshape(*x.shape[:-1], -1)]
+            if tail is not None:
+                parts.append(tail.gather(-1, tail_idx))
+            return torch.cat(parts, dim=-1)
+        head_rows, tail_rows = self._rows(mask)  # by projection on the selected rows only
         chunks = x[..., : self.split].reshape(*x.shape[:-1], self.full, 1, self.chunk)
         parts = [(chunks * head_rows).sum(-1).reshape(*x.shape[:-1], -1)]
         if tail_rows is not None:
@@ -105,10 +116,28 @@ class ShardBasis:
     def synthesize(self, values: Tensor, mask: Tensor) -> Tensor:
         """The entries (..., S) whose coefficients are ``values`` (..., num_selected) at
         ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector)."""
-        head_rows, tail_rows = self._rows(mask)
         n_head = self.full * self.k
-        head_vals = values[..., :n_head].reshape(*values.shape[:-1], self.full, self.k, 1)
-        parts = [(head_vals * head_rows).sum(-2).reshape(*values.shape[:-1], self.split)]
+        batch = values.shape[:-1]
+        if self.k > PROJECT_MAX_K:  # scatter into dense coefficients, one GEMM back
+            head_idx, tail_idx = self._split(mask)
+            coefs = values.new_zeros(*batch, self.full, self.chunk)
+            coefs.scatter_(-1, head_idx, values[..., :n_head].reshape(head_idx.shape))
+            parts = [(coefs @ self._d).reshape(*batch, self.split)]
+            if self._d_tail is not None:
+                tail = values.new_zeros(*batch, self.tail).scatter_(
+                    -1, tail_idx, values[..., n_head:]
+                )
+                parts.append(tail @ self._d_tail)
+            return torch.cat(parts, dim=-1)
+        head_rows, tail_rows = self._rows(mask)
+        head_vals = values[..., :n_head].reshape(*batch, self.full, self.k, 1)
+        parts = [(head_vals * head_rows).sum(-2).reshape(*batch, self.split)]
         if tail_rows is not None:
             parts.append((values[..., n_head:].unsqueeze(-1) * tail_rows).sum(-2))
         return torch.cat(parts, dim=-1)
+
+    def _split(self, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """A mask's offsets as (..., full, k) for the full chunks and (..., k_tail)."""
+        n_head = self.full * self.k
+        head = mask[..., :n_head].reshape(*mask.shape[:-1], self.full, self.k)
+        return head, mask[..., n_head:]

@@ -15,7 +15,7 @@ def test_dct_matrix_is_orthonormal_and_the_same_every_call():
 
 
 @pytest.mark.parametrize(
-    "size,chunk,k", [(1000, 100, 1), (1037, 100, 3), (50, 100, 1), (300, 64, 64)]
+    "size,chunk,k", [(1000, 100, 1), (1037, 100, 2), (1037, 100, 3), (50, 100, 1), (300, 64, 64)]
 )
 def test_select_gather_synthesize(size, chunk, k):
     torch.manual_seed(0)
@@ -47,6 +47,25 @@ def test_select_gather_synthesize(size, chunk, k):
     assert torch.allclose(
         rest.square().sum(-1), x.square().sum(-1) - values.square().sum(-1), rtol=1e-4, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("k", [1, 2, 10])
+def test_projection_and_whole_transform_agree(k, monkeypatch):
+    """gather/synthesize pick by k between projecting on the selected rows and the whole
+    chunked transform; both give the same coefficients and entries up to rounding."""
+    import scape.basis
+
+    torch.manual_seed(1)
+    basis = ShardBasis(1037, 100, k)
+    x = torch.randn(2, 1037)
+    masks = torch.stack([basis.select(x[i]) for i in range(2)])
+    out = {}
+    for limit in (0, 100):  # 0: always the whole transform; 100: always projection
+        monkeypatch.setattr(scape.basis, "PROJECT_MAX_K", limit)
+        values = basis.gather(x, masks)
+        out[limit] = values, basis.synthesize(values, masks)
+    assert torch.allclose(out[0][0], out[100][0], atol=1e-5)
+    assert torch.allclose(out[0][1], out[100][1], atol=1e-5)
 
 
 def test_bad_shapes_are_refused_with_the_fix():
