@@ -138,7 +138,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     paper = SHAPES["llama-1.8b"]
     index = write_report(
         out_dir, cfg.variants, labels, study_notes(cfg), finalists=cfg.finalists,
-        cost_shape=("Llama-1.8B", count_params(paper), 32),
+        cost_shape=("Llama-1.8B", count_params(paper), 32), overview=cfg.overview,
     )  # fmt: skip
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return list(index.runs)

@@ -101,6 +101,18 @@ class VariantSpec:
 
 
 @dataclass
+class ReadingRow:
+    """One row of the report's opening table: a reading of the abstract, its 90% and 99%
+    variants, what travels and what each rank does, and which of the abstract's sentences
+    (C1-C5, results/quality/README.md) it keeps and how."""
+
+    name: str = MISSING
+    variants: list[str] = field(default_factory=list)  # [90%, 99%]
+    what: str = ""
+    abstract: str = ""
+
+
+@dataclass
 class QualityStudyConfig:
     quick: bool = False  # the minutes-long version: quick_scale, quick_variants, quick_seeds
     data_dir: str = "data/enwiki_sample__bytebpe1k"
@@ -118,6 +130,7 @@ class QualityStudyConfig:
     # The readings carried to the 3-seed, 3-horizon comparison (the report's finalist table
     # and gap-vs-steps figure show them).
     finalists: list[str] = field(default_factory=list)
+    overview: list[ReadingRow] = field(default_factory=list)  # the report's opening table
     report_only: bool = False  # true: only rewrite the report from the finished runs
     report: bool = True  # write summary, plots after the runs
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.studies.quality_config import VariantSpec
+from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.reading_costs import reading_cost
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "gap_table",
     "load_runs",
     "lr_table",
+    "overview_table",
     "plot_gap_vs_steps",
     "write_report",
 ]
@@ -295,6 +296,49 @@ def cost_table(variants: dict[str, VariantSpec], labels: dict[str, str], n: int,
     return "\n".join(lines)
 
 
+def _overview_gap(index: RunIndex, model: str, variant: str, steps: int) -> str:
+    """Mean paired gap over the seeds run, lr chosen at 1,500 steps where that horizon has a
+    grid and runs at the chosen lr exist, else at this horizon."""
+    cell = gap_cell(index, model, variant, steps, lr_from=1500)
+    if not cell.gaps:
+        cell = gap_cell(index, model, variant, steps)
+    if not cell.gaps:
+        return "-"
+    if any(not math.isfinite(g) for g in cell.gaps):
+        return "div."
+    return f"{statistics.fmean(cell.gaps):+.1f}" + (
+        f" ({len(cell.gaps)})" if len(cell.gaps) > 1 else ""
+    )
+
+
+def overview_table(
+    index: RunIndex,
+    rows: list[ReadingRow],
+    variants: dict[str, VariantSpec],
+    models: list[str],
+    horizons: list[int],
+    cost_shape: tuple[str, int, int],
+) -> str:
+    """The opening table: per reading, its gaps (%) to AdamS at each horizon for 90% / 99% and
+    each model, its bytes and memory at ``cost_shape``, and the abstract's sentences it keeps."""
+    _, n, w = cost_shape
+    head = ["reading", "what travels, what every rank does", "abstract"]
+    for model in models:
+        head += [f"{model} gap % at {'/'.join(map(str, horizons))}: 90%", "99%"]
+    head += ["MB per rank per step 90% / 99%", "optimizer GB per rank"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        cells = [row.name, row.what, row.abstract]
+        for model in models:
+            for variant in row.variants:
+                cells.append(" / ".join(_overview_gap(index, model, variant, h) for h in horizons))
+        costs = [reading_cost(variants[v], n, w) for v in row.variants if v in variants]
+        cells.append(" / ".join(f"{c.bytes_per_step / 1e6:,.0f}" for c in costs) or "-")
+        cells.append(f"{costs[0].memory / 1e9:.2f}" if costs else "-")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def write_report(
     out_dir: Path,
     variants: dict[str, VariantSpec],
@@ -303,6 +347,7 @@ def write_report(
     *,
     finalists: list[str],
     cost_shape: tuple[str, int, int],
+    overview: list[ReadingRow] | None = None,
 ) -> RunIndex:
     """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``."""
     index = RunIndex.load(out_dir)
@@ -311,11 +356,15 @@ def write_report(
     horizons = sorted({k.steps for k in keys})
     order = list(variants) + sorted({k.variant for k in keys} - set(variants))
     screen_h = [h for h in horizons if h in (300, 1500)] or horizons
-    text = [
-        "# Reconstruction search: summary",
-        "",
-        notes,
-        "",
+    text = ["# Reconstruction search: summary", "", notes, ""]
+    if overview:
+        text += [
+            "## The readings (gap to dense AdamS in %, mean over seeds, (n) when n > 1)",
+            "",
+            overview_table(index, overview, variants, models, horizons, cost_shape),
+            "",
+        ]
+    text += [
         "## Screening (seed 0, each method at its best lr of the grid at that horizon)",
         "",
         gap_table(index, order, labels, models, screen_h),

@@ -41,3 +41,24 @@ def test_costs_at_the_paper_shape() -> None:
     assert scape99.bytes_per_step == pytest.approx((4 * n / 100 + n / 100 * 7 / 8) * 31 / 32)
     assert dense.bytes_per_step / scape99.bytes_per_step > 80
     assert scape99.memory == pytest.approx(3 * 4 * n)  # moment, fp32 params, second moment
+
+
+def test_overview_row_per_reading_with_gaps_per_horizon_and_costs() -> None:
+    from pipelines.studies.quality_config import ReadingRow
+    from pipelines.studies.quality_report import overview_table
+
+    index = RunIndex([
+        _log("adams", 4.0, 0), _log("adams", 3.0, 0, steps=1500),
+        _log("s90", 4.4, 0), _log("s99", 4.8, 0), _log("s99", 3.3, 0, steps=1500),
+    ])  # fmt: skip
+    variants = {
+        "s90": VariantSpec(method="scape", options={"k": 10}),
+        "s99": VariantSpec(method="scape", options={"k": 1}),
+    }
+    row = ReadingRow(name="R6", variants=["s90", "s99"], what="a | b", abstract="C1-C5")
+    table = overview_table(index, [row], variants, ["m"], [100, 1500], ("x", 10**9, 32))
+    cells = [c.strip() for c in table.splitlines()[-1].strip("|").split(" | ")]
+    assert cells[:3] == ["R6", "a \\| b", "C1-C5"]
+    assert cells[3:5] == ["+10.0 / -", "+20.0 / +10.0"]  # 90%, 99% at 100 / 1500 steps
+    costs = [reading_cost(v, 10**9, 32) for v in variants.values()]
+    assert cells[5] == " / ".join(f"{c.bytes_per_step / 1e6:,.0f}" for c in costs)
