@@ -67,3 +67,34 @@ def test_missing_or_skipped_harness_says_so(tmp_path):
     (tmp_path / "megatron_step.json").write_text(json.dumps({"skipped": "not root: x"}))
     md = report.render(tmp_path)
     assert "**Skipped:** not root: x" in md and "Not rendered yet: `make bench-break-even`" in md
+
+
+def test_bytes_section_and_targets_from_the_formula(tmp_path):
+    from benchmarks.bytes import paper_scale_bytes
+
+    measured = {"world_size": 4, "n_params": 1_740_000, "padded": 1_740_800,
+                "shard_sizes": [100_000, 335_200],
+                "methods": {"dense-adams": {"bytes_per_rank": {"grad_values": 5.2e6,
+                                                               "param_values": 5.2e6},
+                                            "total": 10.4e6, "dense_over_this": 1.0,
+                                            "this_over_value_limit": 1.0},
+                            "scape-99": {"bytes_per_rank": {"grad_values": 52e3,
+                                                            "param_values": 52e3,
+                                                            "masks": 13e3},
+                                         "formula": {}, "matches_formula": True,
+                                         "total": 117e3, "dense_over_this": 88.9,
+                                         "this_over_value_limit": 1.125}}}  # fmt: skip
+    paper = {m: paper_scale_bytes(n, 32) for m, n in (("gpt-345m", 354_871_296),
+                                                      ("llama-1.8b", 1_800_000_000))}  # fmt: skip
+    doc = {"model": {"seq": 32}, "measured": measured, "paper_scale": paper}
+    (tmp_path / "bytes.json").write_text(json.dumps(doc))
+    md = report.render(tmp_path)
+    sec1 = md.split("## 1.")[1].split("## 2.")[0]
+    assert "| scape-99 | 52.0 | 52.0 | 13.0 | 117.0 | 88.9 | 1.12 | = |" in sec1
+    assert "| scape-99-bf16 |" in sec1 and "| dense-adams |" in sec1
+    targets = md.split("## Targets")[1].split("## 1.")[0]
+    row99 = next(ln for ln in targets.splitlines() if "99% sparsity" in ln)
+    assert "with bf16 values" in row99 and "counters match the formula" in row99
+    assert row99.endswith("| met with bf16 values |")  # fp32 values: 1/44, below 1/60
+    (tmp_path / "bytes.json").write_text(json.dumps({"measured": {"methods": {}}}))
+    assert "older SCAPE step" in report.render(tmp_path)
