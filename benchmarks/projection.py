@@ -97,8 +97,8 @@ def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
 
     files = sorted(root.glob("gpu_check_*.json"))
     report = json.loads(files[-1].read_text()) if files else {}
-    if report.get("status") != "ok":
-        return None
+    if report.get("status") != "ok" or not report["environment"].get("gpu"):
+        return None  # no finished GPU run (``--cpu-smoke`` tests the script, on the CPU)
     dense = next(r for r in report["megatron"] if r["method"] == "dense")
     shape = SHAPES[dense["shape"]]
     flops = _flops(shape, 8 * shape.seq_length, dense["params"])

@@ -85,6 +85,10 @@ def test_gpu_check_calibrates_mfu_and_kernels(tmp_path):
                             "median_step_s": step}],
               "kernels": {"buckets": 2, "dense_adams_update_s": 0.05, "sparsity_0.9": row,
                           "sparsity_0.99": dict(row, select_s=2.0)}}  # fmt: skip
+    smoke = tmp_path / "gpu_check_cpu-smoke_20260101T000000Z.json"
+    smoke.write_text(json.dumps({**report, "environment": {"gpu": None}}))
+    assert gpu_calibration(tmp_path) is None  # the script's CPU smoke run calibrates nothing
+    smoke.unlink()
     (tmp_path / "gpu_check_H200_20260101T000000Z.json").write_text(json.dumps(report))
     cal = gpu_calibration(tmp_path)
     assert cal["mfu"] == pytest.approx(0.5)
