@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scape.encoding import encoded_nbytes
-
 from pipelines.studies.quality_config import VariantSpec
 from scape.comm import ring_bytes_per_rank
 from scape.peers.dgc import num_selected
@@ -33,12 +31,26 @@ class ReadingCost:
     memory_note: str
 
 
+OFFSET_BLOCK = 1 << 16  # offset16: 16-bit offsets inside 64Ki-entry blocks, 4-byte counts
+
+
+def mask_nbytes(shard_size: int, k: int) -> int:
+    """Bytes of one shard's k sorted in-shard indices in the cheapest fixed encoding the
+    owner readings' (R0/R1/R3/R4) masks would travel in: 32-bit indices, 16-bit offsets
+    with a count per 64Ki-entry block, or a bitmap."""
+    return min(
+        4 * k,
+        2 * k + 4 * math.ceil(shard_size / OFFSET_BLOCK),
+        math.ceil(shard_size / 8),
+    )
+
+
 def _mask_bytes_per_shard_layout(n: int, w: int, density: float) -> float:
     """All-gather of every owner's mask of every bucket, in the cheapest fixed encoding."""
     buckets = max(1, math.ceil(n / SHARD_BUCKET))
     shard = math.ceil(n / buckets / w)
     k = num_selected(shard, density)
-    return ring_bytes_per_rank(encoded_nbytes(shard, k, "auto") * w * buckets, w)
+    return ring_bytes_per_rank(mask_nbytes(shard, k) * w * buckets, w)
 
 
 def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
