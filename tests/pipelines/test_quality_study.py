@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_folds_in_its_scale_variants_seeds_and_output(compose_study) -> None:
     cfg = compose_study("quick=true")
     assert cfg.scale.name == "quick" and cfg.seeds == [0] and cfg.ablation_seeds == [0]
-    assert list(cfg.variants) == ["adams", "r0_99", "r6rms_99"]
+    assert list(cfg.variants) == ["adams", "r0_99", "scape99"]
     assert cfg.out_dir == "outputs/quality_quick"
     with pytest.raises(ValueError, match="unknown variants"):
         compose_study("quick=true", "quick_variants=[nope]")
