@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 from benchmarks.netns import Cluster
 from scape.testing import find_free_port
 
-__all__ = ["LaunchError", "launch_ranks"]
+__all__ = ["LaunchError", "error_summary", "launch_ranks"]
 
 PORT_IN_NAMESPACE = 29511  # fresh namespaces: nothing else listens there
 
@@ -92,3 +93,20 @@ def launch_ranks(
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+_ERROR_LINE = re.compile(r"(Error|error:|what\(\)|Exception|Traceback|Killed)")
+
+
+def error_summary(err: BaseException, out_dir: Path, world: int) -> str:
+    """A failed launch's first line plus each rank log's last error-looking line."""
+    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
+    for r in range(world):
+        try:
+            log = (out_dir / f"rank{r}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [ln.strip() for ln in log if _ERROR_LINE.search(ln)]
+        if hits:
+            lines.append(f"rank {r}: {hits[-1][:400]}")
+    return "\n".join(lines)

@@ -75,7 +75,7 @@ from typing import Any
 
 from benchmarks import quiet
 from benchmarks.costmodel import AlphaBeta, fit_alpha_beta
-from benchmarks.launch import LaunchError, launch_ranks
+from benchmarks.launch import LaunchError, error_summary, launch_ranks
 from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
 
 __all__ = [
@@ -366,20 +366,6 @@ def reproduce_points(rounds: dict[str, dict[str, Any]], methods: list[dict]) -> 
 
 
 # ---------------------------------------------------------------------------- running
-_ERROR_LINE = re.compile(r"(Error|error:|what\(\)|Exception|Traceback|Killed)")
-
-
-def _error_summary(err: BaseException, out_dir: Path, world: int) -> str:
-    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
-    for r in range(world):
-        try:
-            log = (out_dir / f"rank{r}.log").read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        hits = [ln.strip() for ln in log if _ERROR_LINE.search(ln)]
-        if hits:
-            lines.append(f"rank {r}: {hits[-1][:400]}")
-    return "\n".join(lines)
 
 
 def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Namespace,
@@ -411,7 +397,7 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
             record["tc_dropped_packets"] = sum(int(n) for n in re.findall(r"dropped (\d+)", qdisc))
         record.update(summarize_round(results, w))
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        record["error"] = _error_summary(err, out_dir, w)
+        record["error"] = error_summary(err, out_dir, w)
         print(f"   FAILED: {record['error']}", flush=True)
     record["seconds"] = time.perf_counter() - start
     return record

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import quiet
-from benchmarks.launch import LaunchError, launch_ranks
+from benchmarks.launch import LaunchError, error_summary, launch_ranks
 from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
 
 __all__ = [
@@ -162,23 +162,6 @@ def summarize(runs: list[dict[str, Any]], reference: str = REFERENCE) -> dict[st
     return {"reference": reference, "methods": methods}
 
 
-_ERROR_LINE = re.compile(r"(Error|error:|what\(\)|Exception|Traceback|Killed)")
-
-
-def _error_summary(err: BaseException, out_dir: Path, world: int) -> str:
-    """The launch error's first line plus each rank log's last error-looking line."""
-    lines = [str(err).splitlines()[0] if str(err) else type(err).__name__]
-    for r in range(world):
-        try:
-            log = (out_dir / f"rank{r}.log").read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        hits = [ln.strip() for ln in log if _ERROR_LINE.search(ln)]
-        if hits:
-            lines.append(f"rank {r}: {hits[-1][:400]}")
-    return "\n".join(lines)
-
-
 def _link_record(link: LinkSpec | None) -> dict[str, Any]:
     if link is None:  # pipelines.studies.peers_report reads link.label for its column heading
         return {"rate_mbit": None, "label": "loopback (not shaped)"}
@@ -221,7 +204,7 @@ def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path,
             results[0].get("train_seconds") or 0.0
         )
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        record["error"] = _error_summary(err, out_dir, args.ranks)
+        record["error"] = error_summary(err, out_dir, args.ranks)
     record["seconds"] = time.perf_counter() - start
     record["loadavg"] = [load_before, os.getloadavg()[0]]
     return record

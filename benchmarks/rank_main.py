@@ -22,16 +22,7 @@ import torch.distributed as dist
 
 from benchmarks.compute import LlamaShape, batch_for
 from benchmarks.megatron_workload import CollectiveTap, MegatronMethod, MethodSpec
-
-
-def _tx_bytes(ifname: str) -> int | None:
-    """Bytes this namespace's interface has sent (None on loopback: lo is shared)."""
-    if ifname == "lo":
-        return None
-    try:
-        return int(Path(f"/sys/class/net/{ifname}/statistics/tx_bytes").read_text())
-    except OSError:
-        return None
+from benchmarks.netns import tx_bytes
 
 
 def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
@@ -51,9 +42,9 @@ def train(spec: dict[str, Any], ifname: str) -> dict[str, Any]:
         batch = batch_for(shape, rank=rank, step=i, world_size=world)
         for method in methods:
             dist.barrier()
-            tx0 = _tx_bytes(ifname)
+            tx0 = tx_bytes(ifname)
             rec = method.step(i + 1, batch)
-            tx1 = _tx_bytes(ifname)
+            tx1 = tx_bytes(ifname)
             row = rec.to_dict()
             row.update(measured=i >= spec["warmup"], tx_bytes=None if tx0 is None else tx1 - tx0)
             records.append(row)

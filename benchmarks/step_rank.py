@@ -53,19 +53,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.netns import tx_bytes
+
 __all__ = ["install_local_group", "main"]
 
 FWD_BWD_REPS = 3
-
-
-def _tx_bytes(ifname: str) -> int | None:
-    """Bytes this namespace's interface has sent (None on loopback: lo is shared)."""
-    if ifname == "lo":
-        return None
-    try:
-        return int(Path(f"/sys/class/net/{ifname}/statistics/tx_bytes").read_text())
-    except OSError:
-        return None
 
 
 def install_local_group(rank: int, world: int, addr: str, port: int, timeout_s: float) -> None:
@@ -114,13 +106,13 @@ def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
             times, tx = [], []
             for _ in range(reps + 1):
                 dist.barrier()
-                tx0, t0 = _tx_bytes(ifname), time.perf_counter()
+                tx0, t0 = tx_bytes(ifname), time.perf_counter()
                 if op == "reduce_scatter":
                     dist.reduce_scatter_tensor(part, full)
                 else:
                     dist.all_gather_into_tensor(full, part)
                 times.append(time.perf_counter() - t0)
-                tx1 = _tx_bytes(ifname)
+                tx1 = tx_bytes(ifname)
                 tx.append(None if tx0 is None else tx1 - tx0)
             out.append({"op": op, "nbytes": n * 4, "times": times[1:], "tx_bytes": tx[1:]})
     return out
@@ -209,9 +201,9 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         for name in names[k:] + names[:k]:
             dist.barrier()
             schedulers[name].step(1)
-            tx0 = _tx_bytes(ifname)
+            tx0 = tx_bytes(ifname)
             res = engines[name].step(batches)
-            tx1 = _tx_bytes(ifname)
+            tx1 = tx_bytes(ifname)
             row = {"method": name, "step": step, "measured": step >= warmup,
                    "seconds": res.seconds, "tx_bytes": None if tx0 is None else tx1 - tx0}  # fmt: skip
             sent = engines[name].bytes_last_step()
