@@ -31,20 +31,36 @@ from scape.basis import ShardBasis
 __all__ = [
     "WIRE_DTYPES",
     "accumulate",
+    "all_finite",
     "commit_moment_",
+    "decay_runs",
     "decode",
     "owner_mask",
     "pack",
     "rms_update_",
     "sign_update_",
+    "update_norm",
+    "weight_decay_",
 ]
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Elementwise updates over a whole buffer run block by block: the temporaries stay small
+# (cache-resident, reused by the allocator instead of fresh pages each step) and the
+# result is the same bit for bit, since every operation is elementwise.
+UPDATE_BLOCK = 1 << 20
 
 
 def accumulate(moment: Tensor, grad: Tensor, beta: float) -> Tensor:
     """``beta * moment + grad`` as a new tensor (the moment itself is left as it was)."""
     return torch.add(grad, moment, alpha=beta)
+
+
+def all_finite(x: Tensor) -> Tensor:
+    """Whether every entry of ``x`` is finite, as a 0-dim bool tensor, in one pass with no
+    temporary: a sum is finite exactly when every entry is (an inf or NaN makes it inf or
+    NaN), short of overflowing 3.4e38 fp32, which would take entries near 1e31 in a bucket of
+    millions: a step worth skipping anyway."""
+    return torch.isfinite(x.sum())
 
 
 def pack(
@@ -116,11 +132,41 @@ def rms_update_(
     """``v <- b v + (1 - b) q^2``; ``p -= lr * q / (sqrt(v / (1 - b^step)) + eps)``.
 
     The second moment is rebuilt from the synchronized buffer alone (C4 of the abstract).
-    ``step`` counts the accepted updates, 1-based.
+    ``step`` counts the accepted updates, 1-based. All three are flat (N,) tensors.
     """
-    second_moment.mul_(beta).addcmul_(q, q, value=1.0 - beta)
-    denom = torch.div(second_moment, 1.0 - beta**step).sqrt_().add_(eps)
-    param.addcdiv_(q, denom, value=-lr)
+    correction = 1.0 - beta**step
+    for lo in range(0, q.numel(), UPDATE_BLOCK):
+        hi = lo + UPDATE_BLOCK
+        v, g = second_moment[lo:hi], q[lo:hi]
+        v.mul_(beta).addcmul_(g, g, value=1.0 - beta)
+        denom = torch.div(v, correction).sqrt_().add_(eps)
+        param[lo:hi].addcdiv_(g, denom, value=-lr)
+
+
+def update_norm(q: Tensor) -> float:
+    """The L2 norm of the decoded update q (N,) that every rank steps with (logged as the
+    step's grad norm), accumulated in float64 block by block: no N-sized float64 copy."""
+    total = 0.0
+    for lo in range(0, q.numel(), UPDATE_BLOCK):
+        total += float(q[lo : lo + UPDATE_BLOCK].double().square().sum())
+    return total**0.5
+
+
+def decay_runs(mask: Tensor) -> list[tuple[int, int]]:
+    """The ``[start, end)`` runs of True in a flat bool ``mask`` (the entries weight decay
+    applies to: whole params, so a few hundred runs at most)."""
+    edges = torch.diff(mask.to(torch.int8), prepend=mask.new_zeros(1, dtype=torch.int8),
+                       append=mask.new_zeros(1, dtype=torch.int8))  # fmt: skip
+    starts = (edges == 1).nonzero().flatten().tolist()
+    ends = (edges == -1).nonzero().flatten().tolist()
+    return list(zip(starts, ends, strict=True))
+
+
+def weight_decay_(param: Tensor, runs: list[tuple[int, int]], factor: float) -> None:
+    """Decoupled weight decay ``p *= factor`` on the runs of :func:`decay_runs`: the same
+    bits as a masked multiply, without gathering and scattering every entry."""
+    for start, end in runs:
+        param[start:end].mul_(factor)
 
 
 def sign_update_(param: Tensor, q: Tensor, *, lr: float) -> None:

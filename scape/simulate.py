@@ -29,12 +29,16 @@ from scape.layout import FlatLayout
 from scape.shard import (
     WIRE_DTYPES,
     accumulate,
+    all_finite,
     commit_moment_,
+    decay_runs,
     decode,
     owner_mask,
     pack,
     rms_update_,
     sign_update_,
+    update_norm,
+    weight_decay_,
 )
 
 __all__ = [
@@ -155,6 +159,7 @@ class Simulator:
             self.flat_param[off : off + p.numel()].copy_(p.detach().view(-1))
             p.data = self.flat_param[off : off + p.numel()].view_as(p)
             self.decay_mask[off : off + p.numel()] = d
+        self.decay_runs = decay_runs(self.decay_mask)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a SCAPE step reads besides params: for checkpoints and tests."""
@@ -290,10 +295,10 @@ class Simulator:
             wires.append(wire)
             qs.append(decode(basis, masks, synced, W))
         q = torch.cat(qs)
-        norm = float(q.double().norm())
+        norm = update_norm(q)
         # Any rank's non-finite gradient makes every rank skip (the adapter sends a flag
         # with the values); nothing is committed, so the next step starts from intact moments.
-        if not (bool(torch.isfinite(cand).all()) and math.isfinite(norm)):
+        if not (bool(all_finite(cand)) and math.isfinite(norm)):
             return StepResult(t, loss, float("nan"), True, bytes_)
         for b, (start, end) in enumerate(self.layout.buckets):
             for w in range(W):
@@ -305,7 +310,7 @@ class Simulator:
         self.last_used_masks = None if dense else self.masks
         self.last_q = q  # the decoded buffer every rank stepped with (tests, studies)
         if hp.weight_decay:
-            self.flat_param[self.decay_mask] *= 1.0 - lr * hp.weight_decay
+            weight_decay_(self.flat_param, self.decay_runs, 1.0 - lr * hp.weight_decay)
         self.updates += 1
         if cfg.update == "rms":
             rms_update_(self.flat_param, self.second_moment, q, step=self.updates, lr=lr,

@@ -51,8 +51,8 @@ def test_select_gather_synthesize(size, chunk, k):
 
 @pytest.mark.parametrize("k", [1, 2, 10])
 def test_projection_and_whole_transform_agree(k, monkeypatch):
-    """gather/synthesize pick by k between projecting on the selected rows and the whole
-    chunked transform; both give the same coefficients and entries up to rounding."""
+    """gather picks by k between projecting on the selected rows and the whole chunked
+    transform; both give the same coefficients (and so the same synthesis) up to rounding."""
     import scape.basis
 
     torch.manual_seed(1)

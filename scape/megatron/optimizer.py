@@ -35,7 +35,15 @@ from scape.megatron.bucket_group import promote_bucket_groups
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
-from scape.shard import commit_moment_, decode, rms_update_, sign_update_
+from scape.shard import (
+    commit_moment_,
+    decay_runs,
+    decode,
+    rms_update_,
+    sign_update_,
+    update_norm,
+    weight_decay_,
+)
 
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
@@ -75,7 +83,8 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         # a separate fp32 copy of every entry (replicated, like the moment).
         fp32 = buffer.param_data.dtype == torch.float32
         self.scape.main = buffer.param_data if fp32 else buffer.param_data.float()
-        self._decay_mask = self._weight_decay_mask(ddp, buffer)
+        self._decay_runs = decay_runs(self._weight_decay_mask(ddp, buffer))
+        self._q = torch.empty_like(self.scape.moment)  # the decoded update, reused every step
         self._grad_norm = torch.zeros((), dtype=torch.float32)
         promote_bucket_groups(ddp, self.scape)
 
@@ -136,18 +145,18 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         st, cfg, W = self.scape, self.scape.config, self.scape.world_size
         lr, weight_decay = self._lr_and_weight_decay()
         dense = st.step_is_dense()
-        q = torch.empty_like(st.moment)
+        q = self._q
         for b, shard in enumerate(st.shards):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
             commit_moment_(st.moment[shard.start : shard.end], st.candidates[b], basis, masks,
                            st.wires[b], world_size=W)  # fmt: skip
             q[shard.start : shard.end] = decode(basis, masks, st.synced(b), W)
-        self._grad_norm = q.double().norm()
+        self._grad_norm = torch.tensor(update_norm(q), dtype=torch.float64)
         st.last_used_masks = None if dense else st.masks
         main = st.main
         if weight_decay:
-            main[self._decay_mask] *= 1.0 - lr * weight_decay
+            weight_decay_(main, self._decay_runs, 1.0 - lr * weight_decay)
         st.updates += 1
         if cfg.update == "rms":
             rms_update_(main, st.second_moment, q, step=st.updates, lr=lr,

@@ -24,7 +24,7 @@ from scape.basis import ShardBasis
 from scape.comm import ByteCounter, SparseCommunicator
 from scape.config import ScapeConfig
 from scape.megatron.layout import BucketShard
-from scape.shard import accumulate, owner_mask, pack
+from scape.shard import accumulate, all_finite, owner_mask, pack
 
 __all__ = ["ScapeState", "WaitAll"]
 
@@ -120,7 +120,7 @@ class ScapeState:
             world_size=self.world_size,
             value_dtype=self.config.value_dtype,
         )
-        flag = torch.where(torch.isfinite(cand).all(), 0.0, float("inf")).to(wire.dtype)
+        flag = torch.where(all_finite(cand), 0.0, float("inf")).to(wire.dtype)
         self.candidates[b], self.wires[b] = cand, wire
         self.payloads[b] = torch.cat([wire, flag.reshape(1)])
         return self.payloads[b]

@@ -1,0 +1,79 @@
+"""The step's elementwise helpers: each is checked against the plain expression it replaces
+(bit for bit where it promises the same bits)."""
+
+import math
+
+import torch
+
+from scape import shard
+from scape.basis import ShardBasis, dct_matrix
+from scape.shard import all_finite, decay_runs, rms_update_, update_norm, weight_decay_
+
+
+def test_weight_decay_on_runs_equals_the_masked_multiply():
+    torch.manual_seed(0)
+    mask = torch.rand(10_000) < 0.5
+    mask[:7] = True  # a run at the start and one at the end
+    mask[-3:] = True
+    runs = decay_runs(mask)
+    assert all(bool(mask[a:b].all()) for a, b in runs)
+    assert sum(b - a for a, b in runs) == int(mask.sum())
+    p = torch.randn(10_000)
+    expected = p.clone()
+    expected[mask] *= 0.999
+    weight_decay_(p, runs, 0.999)
+    assert torch.equal(p, expected)
+    assert decay_runs(torch.zeros(5, dtype=torch.bool)) == []
+
+
+def test_all_finite():
+    x = torch.randn(1000)
+    assert bool(all_finite(x))
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        y = x.clone()
+        y[17] = bad
+        assert not bool(all_finite(y))
+    y = x.clone()
+    y[3], y[4] = float("inf"), float("-inf")  # opposite infinities do not cancel
+    assert not bool(all_finite(y))
+
+
+def test_blocked_rms_update_is_bit_identical_to_the_whole_buffer(monkeypatch):
+    torch.manual_seed(1)
+    n = 10_007
+    p, v, q = torch.randn(n), torch.rand(n), torch.randn(n)
+
+    def reference(p, v, q, step, lr, beta, eps):
+        v.mul_(beta).addcmul_(q, q, value=1.0 - beta)
+        p.addcdiv_(q, torch.div(v, 1.0 - beta**step).sqrt_().add_(eps), value=-lr)
+
+    p_ref, v_ref = p.clone(), v.clone()
+    reference(p_ref, v_ref, q, 3, 1e-3, 0.95, 1e-8)
+    monkeypatch.setattr(shard, "UPDATE_BLOCK", 1000)  # several blocks and a short last one
+    rms_update_(p, v, q, step=3, lr=1e-3, beta=0.95, eps=1e-8)
+    assert torch.equal(p, p_ref) and torch.equal(v, v_ref)
+
+
+def test_update_norm(monkeypatch):
+    torch.manual_seed(2)
+    q = torch.randn(5003)
+    monkeypatch.setattr(shard, "UPDATE_BLOCK", 1000)
+    assert math.isclose(update_norm(q), float(q.double().norm()), rel_tol=1e-12)
+
+
+def test_synthesize_is_the_inverse_transform_of_the_sparse_coefficients():
+    torch.manual_seed(3)
+    basis = ShardBasis(1037, 100, 3)
+    x = torch.randn(2, 1037)
+    masks = torch.stack([basis.select(x[i]) for i in range(2)])
+    values = torch.randn(2, basis.num_selected)
+    head_idx, tail_idx = basis._split(masks)
+    n_head = basis.full * basis.k
+    coefs = torch.zeros(2, basis.full, 100).scatter_(
+        -1, head_idx, values[:, :n_head].reshape(head_idx.shape)
+    )
+    tail = torch.zeros(2, basis.tail).scatter_(-1, tail_idx, values[:, n_head:])
+    expected = torch.cat(
+        [(coefs @ dct_matrix(100)).reshape(2, -1), tail @ dct_matrix(basis.tail)], -1
+    )
+    assert torch.allclose(basis.synthesize(values, masks), expected, atol=1e-6)
