@@ -36,7 +36,16 @@ from benchmarks import quiet
 from scape.adams import adams_update_
 from scape.basis import ShardBasis
 from scape.config import ScapeConfig
-from scape.shard import accumulate, commit_moment_, decode, owner_mask, pack, rms_update_
+from scape.shard import (
+    accumulate,
+    commit_moment_,
+    decay_runs,
+    decode,
+    owner_mask,
+    pack,
+    rms_update_,
+    weight_decay_,
+)
 
 __all__ = ["SCAPE_STEP", "gpu_model", "measure", "traffic_bytes"]
 
@@ -58,7 +67,7 @@ def traffic_bytes(world: int, shard: int, selected: int,
             "pack": 4 * n + wn * (8 + 4 + value_nbytes),  # candidate at the masks -> wire
             "commit": 16 * n + wn * (value_nbytes + 12),  # wire -> removed; m = cand - removed
             "decode": 4 * n + wn * (value_nbytes + 12),  # synced -> q
-            "decay": 9 * n,  # decay mask, params
+            "decay": 8 * n,  # params, on contiguous runs
             "update": 20 * n,  # v, q, params
         },
         "dense": {"scale": 8 * n, "update": shard * (4 * 2 * 2 + 4 + 16)},
@@ -88,7 +97,11 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
 
     moment, grad, params = rand(n), rand(n), rand(n)
     second = rand(n).abs_()
-    decay_mask = torch.rand(n, generator=g).to(device) < 0.99  # matrices: almost everything
+    # Weight decay applies to whole params (matrices: almost everything), so to a few
+    # contiguous runs of the bucket; here 1% of it, in the middle, is left undecayed.
+    decay_mask = torch.ones(n, dtype=torch.bool, device=device)
+    decay_mask[n // 2 : n // 2 + n // 100] = False
+    runs = decay_runs(decay_mask)
     masks = torch.stack([basis.select(moment[j * shard : (j + 1) * shard]) for j in range(world)])
     main, exp_avg = rand(shard), rand(shard)
     held: dict[str, torch.Tensor] = {}  # outputs one part hands the next
@@ -104,7 +117,7 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
         held["q"] = decode(basis, masks, held["wire"], world)
 
     def run_decay() -> None:
-        params[decay_mask] *= 1.0 - LR * WD
+        weight_decay_(params, runs, 1.0 - LR * WD)
 
     scape_parts: dict[str, Callable[[], object]] = {
         "select": lambda: owner_mask(basis, moment[:shard]),
