@@ -74,6 +74,12 @@ class ShardBasis:
         self.split = self.full * chunk  # where the tail starts
         self._d = dct_matrix(chunk, device)
         self._d_tail = dct_matrix(self.tail, device) if self.tail else None
+        # synthesize's bag table: the C rows of the chunk's DCT, then the tail's L rows
+        # zero-padded to C entries, so that one embedding bag covers the tail too. (C + L, C)
+        self._bag_rows = self._d
+        if self._d_tail is not None:
+            padded = torch.nn.functional.pad(self._d_tail, (0, chunk - self.tail))
+            self._bag_rows = torch.cat([self._d, padded])
 
     # ------------------------------------------------------------------ whole transform
     def transform(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -86,7 +92,12 @@ class ShardBasis:
         """The mask: in every chunk, the k coefficients of ``moment`` (S,) largest in
         magnitude, in ascending order of offset. (num_selected,) int64"""
         head, tail = self.transform(moment)
-        parts = [head.abs().topk(self.k, dim=-1, sorted=False).indices.sort(-1).values.reshape(-1)]
+        if self.k == 1:  # one offset per chunk: nothing to sort
+            parts = [head.abs().argmax(dim=-1)]
+        else:
+            parts = [
+                head.abs().topk(self.k, dim=-1, sorted=False).indices.sort(-1).values.reshape(-1)
+            ]
         if tail is not None:
             parts.append(tail.abs().topk(self.k_tail, sorted=False).indices.sort().values)
         return torch.cat(parts)
@@ -110,8 +121,17 @@ class ShardBasis:
                 parts.append(tail.gather(-1, tail_idx))
             return torch.cat(parts, dim=-1)
         head_rows, tail_rows = self._rows(mask)  # by projection on the selected rows only
-        chunks = x[..., : self.split].reshape(-1, self.chunk, 1)  # (B * full, C, 1)
-        head = torch.bmm(head_rows.reshape(-1, self.k, self.chunk), chunks)  # (B * full, k, 1)
+        # one shard at a time: a shard's full chunks are a contiguous view (with a tail, the
+        # batch's are not, and reshaping them together would copy every entry)
+        batch = math.prod(x.shape[:-1])
+        rows = head_rows.reshape(batch, self.full, self.k, self.chunk)  # (B, full, k, C)
+        shards = x.reshape(batch, self.size)
+        head = torch.stack(
+            [
+                torch.bmm(r, s[: self.split].view(self.full, self.chunk, 1))
+                for r, s in zip(rows, shards, strict=True)
+            ]
+        )  # (B, full, k, 1)
         parts = [head.reshape(*x.shape[:-1], self.full * self.k)]
         if tail_rows is not None:
             parts.append((x[..., self.split :].unsqueeze(-2) * tail_rows).sum(-1))
@@ -121,22 +141,31 @@ class ShardBasis:
         """The entries (..., S) whose coefficients are ``values`` (..., num_selected) at
         ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector).
 
-        Each full chunk is the values-weighted sum of its k selected basis rows, which is
-        exactly an embedding bag over the DCT's rows: one fused pass that writes every entry
-        once and materializes neither the rows nor dense coefficients."""
-        n_head = self.full * self.k
-        batch = values.shape[:-1]
-        head_idx, tail_idx = self._split(mask)
-        head = F.embedding_bag(
-            head_idx.reshape(-1, self.k),
-            self._d,
-            per_sample_weights=values[..., :n_head].reshape(-1, self.k).float(),
-            mode="sum",
-        )  # (B * full, C)
+        Each chunk is the values-weighted sum of its selected basis rows: exactly an
+        embedding bag over the DCT's rows, one fused pass that writes every entry once and
+        materializes neither the rows nor dense coefficients. The tail is one more bag (its
+        rows are the padded ones after the chunk's), so nothing is concatenated: with a tail
+        the result is a strided view of (..., full + 1, C), without one it is contiguous."""
+        batch, n_head = values.shape[:-1], self.full * self.k
         if self._d_tail is None:
-            return head.reshape(*batch, self.split)
-        tail = (values[..., n_head:].unsqueeze(-1) * self._d_tail[tail_idx]).sum(-2)
-        return torch.cat([head.reshape(*batch, self.split), tail], dim=-1)
+            head = F.embedding_bag(
+                mask.reshape(-1, self.k), self._bag_rows,
+                per_sample_weights=values.reshape(-1, self.k).float(), mode="sum",
+            )  # fmt: skip
+            return head.view(*batch, self.split)
+        bags = batch.numel()
+        # per shard: full bags of k head offsets, then one bag of k_tail offsets (+ C)
+        idx = torch.cat(
+            [mask[..., :n_head], mask[..., n_head:] + self.chunk], dim=-1
+        ).reshape(-1)  # fmt: skip
+        per_shard = torch.arange(self.full + 1, device=mask.device) * self.k
+        starts = torch.arange(bags, device=mask.device)[:, None] * self.num_selected + per_shard
+        out = F.embedding_bag(
+            idx, self._bag_rows, starts.reshape(-1),
+            per_sample_weights=values.reshape(-1).float(), mode="sum",
+        )  # fmt: skip
+        # out: (bags * (full + 1), C); each shard's S entries lead its (full + 1) * C
+        return out.view(*batch, (self.full + 1) * self.chunk)[..., : self.size]
 
     def _split(self, mask: Tensor) -> tuple[Tensor, Tensor]:
         """A mask's offsets as (..., full, k) for the full chunks and (..., k_tail)."""

@@ -151,7 +151,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
             masks = None if dense else st.masks[b]
             commit_moment_(st.moment[shard.start : shard.end], st.candidates[b], basis, masks,
                            st.wires[b], world_size=W)  # fmt: skip
-            q[shard.start : shard.end] = decode(basis, masks, st.synced(b), W)
+            decode(basis, masks, st.synced(b), W, out=q[shard.start : shard.end])
         self._grad_norm = torch.tensor(update_norm(q), dtype=torch.float64)
         st.last_used_masks = None if dense else st.masks
         main = st.main
