@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -198,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     shard = args.bucket // args.world_size
     buckets = {m: -(-count_params(SHAPES[m]) // args.bucket)
                for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
-    report: dict = {"scape_step": SCAPE_STEP, "world_size": args.world_size,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or None  # fmt: skip
+    report: dict = {"scape_step": SCAPE_STEP, "commit": commit, "world_size": args.world_size,
                     "bucket": args.bucket, "shard": shard, "buckets_per_model": buckets,
                     "value_dtype": VALUE_DTYPE, "devices": {},
                     "protocol": protocol.to_dict()}  # fmt: skip

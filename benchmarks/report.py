@@ -269,8 +269,10 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
 
 
 def overhead_section(
-    o: dict[str, Any] | None, proj: dict[str, Any] | None
+    o: dict[str, Any] | None, proj: dict[str, Any] | None, before: dict[str, Any] | None = None
 ) -> tuple[list[str], dict]:
+    """``before``: the same benchmark at an earlier commit of the same step
+    (``overhead_before.json``, its ``commit`` recorded), shown under the current table."""
     status: dict[str, Any] = {}
     lines: list[str] = []
     if o is None or o.get("scape_step") != SCAPE_STEP:
@@ -279,6 +281,10 @@ def overhead_section(
                   "a quiet machine._"]  # fmt: skip
     else:
         lines += _overhead_table(o)
+        if before is not None and before.get("scape_step") == SCAPE_STEP:
+            lines += ["", f"The same benchmark before the CPU-work cut of issue 14, at commit "
+                      f"{before.get('commit', '?')} (`overhead_before.json`):", ""]  # fmt: skip
+            lines += _overhead_table(before)[2:]
     if proj is not None:
         m18 = proj["models"]["llama-1.8b"]
         for label in ("scape-90", "scape-99"):
@@ -464,7 +470,7 @@ def render(bench_dir: Path) -> str:
     step = _load(bench_dir / "megatron_step.json")
     bytes_lines, best = bytes_section(b)
     step_lines, sst = step_section(step)
-    overhead_lines, ost = overhead_section(o, p)
+    overhead_lines, ost = overhead_section(o, p, _load(bench_dir / "overhead_before.json"))
     targets = []
     if best:
         agree = all(best["matches"]) and best["matches"]

@@ -98,3 +98,27 @@ def test_bytes_section_and_targets_from_the_formula(tmp_path):
     assert row99.endswith("| met with bf16 values |")  # fp32 values: 1/44, below 1/60
     (tmp_path / "bytes.json").write_text(json.dumps({"measured": {"methods": {}}}))
     assert "older SCAPE step" in report.render(tmp_path)
+
+
+def _overhead_doc(total_s: float, commit: str) -> dict:
+    from benchmarks.overhead import SCAPE_STEP
+
+    parts = {"scape.pack": total_s / 2, "scape.commit": total_s / 2, "dense.update": 0.004}
+    method = {"median_s": parts, "scape_total_s": total_s, "dense_total_s": 0.004,
+              "scape_over_dense_total": total_s / 0.004,
+              "per_step_s": {"llama-1.8b": {"scape": total_s * 45}}}  # fmt: skip
+    return {"scape_step": SCAPE_STEP, "commit": commit, "world_size": 32, "bucket": 40_000_000,
+            "shard": 1_250_000, "buckets_per_model": {"llama-1.8b": 45},
+            "devices": {"cpu": {"name": "cpu", "scape-90": method, "scape-99": method}}}  # fmt: skip
+
+
+def test_overhead_section_shows_the_earlier_commit_below_the_current():
+    from benchmarks.report import overhead_section
+
+    lines, _ = overhead_section(
+        _overhead_doc(0.674, "new1234"), None, _overhead_doc(2.908, "old5678")
+    )
+    text = "\n".join(lines)
+    assert text.index("674 (pack 337") < text.index("at commit old5678") < text.index("2908 (pack")
+    alone = "\n".join(overhead_section(_overhead_doc(0.674, "new1234"), None)[0])
+    assert "before the CPU-work cut" not in alone
