@@ -8,9 +8,10 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
 * The reading: R6 (local first moments read in a chunked DCT, one shared all-reduce, every
   rank decodes and steps) replaced R0 (sparse reduce-scatter of masked gradients, masked
   AdamS on the owner, frozen entries off the mask): at 99% sparsity R0 trails dense AdamS by
-  +38% (Llama) / +24% (GPT) with seed 0, the library step by +6.2% / +1.8% over 3 seeds. At
-  300 steps every reading that freezes or estimates unsent entries (R0, R1, R3, R4, R5)
-  is at least +13% (Llama, 99%) behind.
+  +35% (Llama) / +18% (GPT) over 3 seeds, the library step by +6.3% / +1.8%, and by +2.5% /
+  +3.1% at 3,000 steps (R0's gap grows with training, R6's does not). At 300 steps every
+  reading that freezes or estimates unsent entries (R0, R1, R3, R4, R5) is at least +13%
+  (Llama, 99%) behind.
 * update="rms" over "sign": with seed 0 and lr 3e-3 neither wins on both models (rms
   4.207 / 5.003 at 99%, sign 4.420 / 4.844; at 90% rms 4.072 / 4.790, sign 4.129 / 4.490);
   rms is C4 read closely (a second moment rebuilt from the one buffer) and the better at
