@@ -20,15 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ShardBasis", "dct_matrix", "selected_count"]
+__all__ = ["ShardBasis", "dct_matrix", "selected_count", "top_offsets"]
 
 MAX_CHUNK = 256  # one byte per chunk-relative offset on the wire
-# Up to this k, gather projects each chunk on its k selected basis rows (one batched
-# (1, C) @ (C, k) product per chunk); above it the whole chunked transform (one (C, C) GEMM)
-# and a pick is faster. CPU time on one core, 2.5M entries, chunks of 100: k=1 3.8 ms and
-# k=2 5.2 ms projected against ~10.5 ms transformed; k=10 111 ms against 9.8 ms (process
-# time measured beside running studies: ratios, not a quiet-machine benchmark).
+# Up to this k, gather projects each chunk on its k selected basis rows (one (k, C) @ (C, 1)
+# product per chunk); above it the whole chunked transform (one (C, C) GEMM per block) and a
+# pick is faster: k=10 of 100 on 2 shards of 1.25M, one core, quiet machine, 8.0 ms
+# transformed against 103 ms projected (a one-off timing, not a committed benchmark).
 PROJECT_MAX_K = 4
+# select, gather and synthesize walk a shard in blocks of this many chunks (400k entries at
+# C=100): their temporaries stay cache-sized and are reused, where a fresh bucket-sized one
+# per call costs its page faults every step on CPU (with this and a reused candidate buffer
+# the 2-rank SCAPE-99 floor of bench-step went from 243 to 193 ms, quiet, side by side).
+BLOCK_CHUNKS = 4096
 
 
 def selected_count(size: int, chunk: int, k: int) -> int:
@@ -57,6 +61,32 @@ def dct_matrix(size: int, device: torch.device | str = "cpu") -> Tensor:
     return _dct_cpu(size).to(device)
 
 
+# top_offsets compares magnitudes on all but the low OFFSET_BITS bits of their fp32 pattern,
+# which carry the offset instead: one max (k=1) or one top-k of int32 keys (k>1) per row then
+# gives value and offset together, faster on CPU than argmax / topk of fp32 values.
+OFFSET_BITS = 8  # offsets < MAX_CHUNK = 2^8
+
+
+def top_offsets(coefs: Tensor, k: int) -> Tensor:
+    """Per row of ``coefs`` (R, L), the offsets of the k largest magnitudes, ascending: (R, k)
+    int64. ``coefs`` is overwritten (its magnitudes' bit patterns become the sort keys).
+
+    A non-negative fp32 orders like its int32 bit pattern, so each key is the magnitude with
+    its low 8 mantissa bits replaced by the offset: magnitudes are compared to 2^-15 relative
+    (15 of 23 mantissa bits), and values closer than that are ranked by offset, the larger
+    first. Keys in a row are distinct, so the k largest are one set, however ties fall."""
+    rows, length = coefs.shape
+    if rows == 0:
+        return torch.empty(0, k, dtype=torch.int64, device=coefs.device)
+    keys = coefs.abs_().view(torch.int32)
+    offsets = torch.arange(length, dtype=torch.int32, device=coefs.device)
+    keys.bitwise_and_(-(1 << OFFSET_BITS)).bitwise_or_(offsets)
+    if k == 1:
+        return keys.amax(-1, keepdim=True).bitwise_and_((1 << OFFSET_BITS) - 1).long()
+    top = keys.topk(k, dim=-1, sorted=False).values  # the largest keys carry their offsets
+    return top.bitwise_and_((1 << OFFSET_BITS) - 1).sort(dim=-1).values.long()
+
+
 class ShardBasis:
     """Chunked DCT of one shard: transform, top-k selection, projection and synthesis."""
 
@@ -74,98 +104,89 @@ class ShardBasis:
         self.split = self.full * chunk  # where the tail starts
         self._d = dct_matrix(chunk, device)
         self._d_tail = dct_matrix(self.tail, device) if self.tail else None
-        # synthesize's bag table: the C rows of the chunk's DCT, then the tail's L rows
-        # zero-padded to C entries, so that one embedding bag covers the tail too. (C + L, C)
-        self._bag_rows = self._d
-        if self._d_tail is not None:
-            padded = torch.nn.functional.pad(self._d_tail, (0, chunk - self.tail))
-            self._bag_rows = torch.cat([self._d, padded])
 
-    # ------------------------------------------------------------------ whole transform
     def transform(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Coefficients of ``x`` (..., S): full chunks (..., full, C) and the tail (..., L)."""
         head = x[..., : self.split].reshape(*x.shape[:-1], self.full, self.chunk) @ self._d.T
         tail = x[..., self.split :] @ self._d_tail.T if self._d_tail is not None else None
         return head, tail
 
+    def _blocks(self) -> range:
+        """First chunks of the blocks of BLOCK_CHUNKS full chunks that the big passes walk."""
+        return range(0, self.full, BLOCK_CHUNKS)
+
     def select(self, moment: Tensor) -> Tensor:
         """The mask: in every chunk, the k coefficients of ``moment`` (S,) largest in
-        magnitude, in ascending order of offset. (num_selected,) int64"""
-        head, tail = self.transform(moment)
-        if self.k == 1:  # one offset per chunk: nothing to sort
-            parts = [head.abs().argmax(dim=-1)]
-        else:
-            parts = [
-                head.abs().topk(self.k, dim=-1, sorted=False).indices.sort(-1).values.reshape(-1)
-            ]
-        if tail is not None:
-            parts.append(tail.abs().topk(self.k_tail, sorted=False).indices.sort().values)
-        return torch.cat(parts)
+        magnitude (compared as :func:`top_offsets` does), in ascending order of offset.
+        (num_selected,) int64"""
+        C, k = self.chunk, self.k
+        mask = torch.empty(self.num_selected, dtype=torch.int64, device=moment.device)
+        for lo in self._blocks():  # the transform block by block: cache-sized temporaries
+            hi = min(lo + BLOCK_CHUNKS, self.full)
+            coefs = moment[lo * C : hi * C].view(hi - lo, C) @ self._d.T  # (block, C)
+            mask[lo * k : hi * k] = top_offsets(coefs, k).view(-1)
+        if self._d_tail is not None:
+            coefs = (moment[self.split :] @ self._d_tail.T).unsqueeze(0)  # (1, L)
+            mask[self.full * k :] = top_offsets(coefs, self.k_tail).view(-1)
+        return mask
 
     # ------------------------------------------------------------------ at a mask
     # ``mask`` may carry leading batch dims matching ``x`` / ``values`` (one mask per shard).
-    def _rows(self, mask: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The selected basis vectors: (..., full, k, C) and the tail's (..., k_tail, L)."""
-        n_head = self.full * self.k
-        head = self._d[mask[..., :n_head].reshape(*mask.shape[:-1], self.full, self.k)]
-        tail = self._d_tail[mask[..., n_head:]] if self._d_tail is not None else None
-        return head, tail
-
     def gather(self, x: Tensor, mask: Tensor) -> Tensor:
-        """Coefficients of ``x`` (..., S) at ``mask``: (..., num_selected)."""
-        if self.k > PROJECT_MAX_K:  # the whole transform (one GEMM), then pick
-            head, tail = self.transform(x)
-            head_idx, tail_idx = self._split(mask)
-            parts = [head.gather(-1, head_idx).reshape(*x.shape[:-1], -1)]
-            if tail is not None:
-                parts.append(tail.gather(-1, tail_idx))
-            return torch.cat(parts, dim=-1)
-        head_rows, tail_rows = self._rows(mask)  # by projection on the selected rows only
-        # one shard at a time: a shard's full chunks are a contiguous view (with a tail, the
-        # batch's are not, and reshaping them together would copy every entry)
-        batch = math.prod(x.shape[:-1])
-        rows = head_rows.reshape(batch, self.full, self.k, self.chunk)  # (B, full, k, C)
-        shards = x.reshape(batch, self.size)
-        head = torch.stack(
-            [
-                torch.bmm(r, s[: self.split].view(self.full, self.chunk, 1))
-                for r, s in zip(rows, shards, strict=True)
-            ]
-        )  # (B, full, k, 1)
-        parts = [head.reshape(*x.shape[:-1], self.full * self.k)]
-        if tail_rows is not None:
-            parts.append((x[..., self.split :].unsqueeze(-2) * tail_rows).sum(-1))
-        return torch.cat(parts, dim=-1)
+        """Coefficients of ``x`` (..., S) at ``mask``: (..., num_selected).
 
-    def synthesize(self, values: Tensor, mask: Tensor) -> Tensor:
+        Shard by shard, a block of chunks at a time, so no temporary is as large as the
+        bucket. Up to PROJECT_MAX_K each chunk is projected on its k selected basis rows
+        (one (k, C) @ (C, 1) product per chunk); above it the block is transformed whole
+        (one GEMM) and the mask picks from it."""
+        C, k, n_head = self.chunk, self.k, self.full * self.k
+        shards = x.reshape(-1, self.size)
+        masks = mask.reshape(-1, self.num_selected)
+        out = torch.empty(masks.shape, dtype=x.dtype, device=x.device)
+        for shard, m, o in zip(shards, masks, out, strict=True):
+            for lo in self._blocks():
+                hi = min(lo + BLOCK_CHUNKS, self.full)
+                chunks = shard[lo * C : hi * C].view(hi - lo, C)
+                offsets, dst = m[lo * k : hi * k], o[lo * k : hi * k]
+                if k > PROJECT_MAX_K:
+                    coefs = chunks @ self._d.T  # (block, C)
+                    torch.gather(coefs, -1, offsets.view(hi - lo, k), out=dst.view(hi - lo, k))
+                else:
+                    rows = torch.index_select(self._d, 0, offsets).view(hi - lo, k, C)
+                    torch.bmm(rows, chunks.unsqueeze(-1), out=dst.view(hi - lo, k, 1))
+            if self._d_tail is not None:
+                o[n_head:] = (shard[self.split :] * self._d_tail[m[n_head:]]).sum(-1)
+        return out.view(*x.shape[:-1], self.num_selected)
+
+    def synthesize(self, values: Tensor, mask: Tensor, out: Tensor | None = None) -> Tensor:
         """The entries (..., S) whose coefficients are ``values`` (..., num_selected) at
-        ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector).
+        ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector),
+        fp32, written into ``out`` (..., S, contiguous) when given.
 
         Each chunk is the values-weighted sum of its selected basis rows: exactly an
-        embedding bag over the DCT's rows, one fused pass that writes every entry once and
-        materializes neither the rows nor dense coefficients. The tail is one more bag (its
-        rows are the padded ones after the chunk's), so nothing is concatenated: with a tail
-        the result is a strided view of (..., full + 1, C), without one it is contiguous."""
-        batch, n_head = values.shape[:-1], self.full * self.k
-        if self._d_tail is None:
-            head = F.embedding_bag(
-                mask.reshape(-1, self.k), self._bag_rows,
-                per_sample_weights=values.reshape(-1, self.k).float(), mode="sum",
-            )  # fmt: skip
-            return head.view(*batch, self.split)
-        bags = batch.numel()
-        # per shard: full bags of k head offsets, then one bag of k_tail offsets (+ C)
-        idx = torch.cat(
-            [mask[..., :n_head], mask[..., n_head:] + self.chunk], dim=-1
-        ).reshape(-1)  # fmt: skip
-        per_shard = torch.arange(self.full + 1, device=mask.device) * self.k
-        starts = torch.arange(bags, device=mask.device)[:, None] * self.num_selected + per_shard
-        out = F.embedding_bag(
-            idx, self._bag_rows, starts.reshape(-1),
-            per_sample_weights=values.reshape(-1).float(), mode="sum",
-        )  # fmt: skip
-        # out: (bags * (full + 1), C); each shard's S entries lead its (full + 1) * C
-        return out.view(*batch, (self.full + 1) * self.chunk)[..., : self.size]
+        embedding bag over the DCT's rows, which writes every entry once and materializes
+        neither the rows nor dense coefficients. Shard by shard, a block of chunks at a
+        time; the tail is one more bag over the tail's rows."""
+        if out is None:
+            out = torch.empty(*values.shape[:-1], self.size, device=values.device)
+        C, k, n_head = self.chunk, self.k, self.full * self.k
+        values = values.reshape(-1, self.num_selected).float()
+        shards = zip(
+            values, mask.reshape(-1, self.num_selected), out.view(-1, self.size), strict=True
+        )
+        for v, m, o in shards:
+            for lo in self._blocks():
+                hi = min(lo + BLOCK_CHUNKS, self.full)
+                bags = F.embedding_bag(m[lo * k : hi * k].view(hi - lo, k), self._d,
+                                       per_sample_weights=v[lo * k : hi * k].view(hi - lo, k),
+                                       mode="sum")  # fmt: skip
+                o[lo * C : hi * C].view(hi - lo, C).copy_(bags)
+            if self._d_tail is not None:
+                o[self.split :] = F.embedding_bag(
+                    m[n_head:].view(1, -1), self._d_tail, per_sample_weights=v[n_head:].view(1, -1),
+                    mode="sum",
+                ).view(-1)  # fmt: skip
+        return out
 
     def _split(self, mask: Tensor) -> tuple[Tensor, Tensor]:
         """A mask's offsets as (..., full, k) for the full chunks and (..., k_tail)."""

@@ -50,9 +50,9 @@ WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 UPDATE_BLOCK = 1 << 18  # 1 MB of fp32: the fastest of 2^14-2^24 for the rms update on CPU
 
 
-def accumulate(moment: Tensor, grad: Tensor, beta: float) -> Tensor:
-    """``beta * moment + grad`` as a new tensor (the moment itself is left as it was)."""
-    return torch.add(grad, moment, alpha=beta)
+def accumulate(moment: Tensor, grad: Tensor, beta: float, out: Tensor | None = None) -> Tensor:
+    """``beta * moment + grad``, a new tensor or ``out`` (the moment is left as it was)."""
+    return torch.add(grad, moment, alpha=beta, out=out)
 
 
 def all_finite(x: Tensor) -> Tensor:
@@ -105,8 +105,10 @@ def commit_moment_(
             torch.sub(candidate, wire.float() * world_size, out=moment)
         return
     sent = wire.float().mul_(world_size).view(world_size, -1)
-    removed = basis.synthesize(sent, masks)  # (W, S), possibly a strided view
-    torch.sub(candidate.view(world_size, -1), removed, out=moment.view(world_size, -1))
+    # what was sent, synthesized straight into the moment (no bucket-sized temporary), then
+    # m = candidate - that, in place: (W, S)
+    removed = basis.synthesize(sent, masks, out=moment.view(world_size, -1))
+    torch.sub(candidate.view(world_size, -1), removed, out=removed)
 
 
 def decode(
@@ -119,10 +121,11 @@ def decode(
     """The dense q (W*S,) of the summed buffer ``synced`` (W*n,), fp32, the same on every
     rank; written into ``out`` (W*S,) when given (no intermediate copy)."""
     synced = synced.float()
-    q = synced if basis is None else basis.synthesize(synced.view(world_size, -1), masks)
+    if basis is None:
+        return synced if out is None else out.copy_(synced)
     if out is None:
-        return q.reshape(-1)
-    out.view(world_size, -1).copy_(q.view(world_size, -1))
+        return basis.synthesize(synced.view(world_size, -1), masks).view(-1)
+    basis.synthesize(synced.view(world_size, -1), masks, out=out.view(world_size, -1))
     return out
 
 

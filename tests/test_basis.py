@@ -4,7 +4,7 @@ synthesis removes exactly the selected coefficients (what conservation rests on)
 import pytest
 import torch
 
-from scape.basis import MAX_CHUNK, ShardBasis, dct_matrix, selected_count
+from scape.basis import MAX_CHUNK, ShardBasis, dct_matrix, selected_count, top_offsets
 
 
 def test_dct_matrix_is_orthonormal_and_the_same_every_call():
@@ -29,7 +29,7 @@ def test_select_gather_synthesize(size, chunk, k):
     for i in range(3):  # the k largest |coefficients| of every chunk, offsets ascending
         m = masks[i, : basis.full * k].view(basis.full, k)
         assert bool((m[:, 1:] > m[:, :-1]).all())
-        chosen = head[i].abs().gather(-1, m)
+        chosen = head[i].abs().gather(-1, m) * (1 + 2.0**-15)  # top_offsets: 15 bits
         others = head[i].abs().scatter(-1, m, -1.0)
         assert bool((chosen.min(-1).values >= others.max(-1).values).all())
     values = basis.gather(x, masks)
@@ -73,3 +73,44 @@ def test_bad_shapes_are_refused_with_the_fix():
         ShardBasis(1000, 300, 1)
     with pytest.raises(ValueError, match="k=5 must be in \\[1, chunk=4\\]"):
         ShardBasis(1000, 4, 5)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 100])
+def test_top_offsets_match_topk_and_rank_near_ties_by_offset(k):
+    """The bit-packed keys pick what topk picks wherever magnitudes differ by more than
+    2^-15, offsets ascending; an all-zero row (an embedding row never seen) and exact ties
+    take the largest offsets."""
+    torch.manual_seed(0)
+    coefs = torch.randn(500, 100)
+    expected = coefs.abs().topk(k, dim=-1).indices.sort(-1).values
+    assert torch.equal(top_offsets(coefs.clone(), k), expected)
+    ties = torch.zeros(2, 100)
+    ties[1, :50] = -1.0  # 50 equal magnitudes: the largest offsets among them win
+    got = top_offsets(ties, min(k, 50))
+    assert got[0].tolist() == list(range(100 - min(k, 50), 100))
+    assert got[1].tolist() == list(range(50 - min(k, 50), 50))
+    assert top_offsets(torch.zeros(0, 100), k).shape == (0, k)
+
+
+@pytest.mark.parametrize("k", [1, 2, 10])
+def test_blocks_do_not_change_masks_or_coefficients(k, monkeypatch):
+    """select and gather walk a shard in blocks of BLOCK_CHUNKS chunks: any block size,
+    including one that does not divide the chunks, gives the same masks, and the projection
+    (k <= PROJECT_MAX_K) the same coefficients bit for bit. Above it a block's GEMM may
+    round differently with the block's row count (BLAS picks kernels by shape), which the
+    simulator and the adapter share, as both walk a shard in the same blocks."""
+    import scape.basis
+
+    torch.manual_seed(5)
+    basis = ShardBasis(2037, 100, k)
+    x = torch.randn(2, 2037)
+    results = []
+    for block in (4096, 3, 1):
+        monkeypatch.setattr(scape.basis, "BLOCK_CHUNKS", block)
+        masks = torch.stack([basis.select(x[i]) for i in range(2)])
+        results.append((masks, basis.gather(x, masks)))
+    for masks, values in results[1:]:
+        assert torch.equal(masks, results[0][0])
+        if k <= scape.basis.PROJECT_MAX_K:
+            assert torch.equal(values, results[0][1])
+        assert torch.allclose(values, results[0][1], atol=1e-6)

@@ -168,7 +168,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         if st.step >= cfg.dense_warmup_steps:
             # After a dense step the moments are empty: the next masks come from what was just
             # sent in full (the candidates), otherwise from the committed moments.
-            st.start_next_masks(torch.cat(st.candidates) if dense else st.moment)
+            st.start_next_masks(st.candidate if dense else st.moment)
         if self.check_every and st.step % self.check_every == 0:
             self.check_consistency()
         st.clear_step()

@@ -52,6 +52,9 @@ class ScapeState:
             if config.update == "rms"
             else None
         )
+        # this step's candidate moments, bucket by bucket (reused: a fresh (N,) buffer every
+        # step would cost its page faults on CPU)
+        self.candidate = torch.zeros_like(self.moment)
         self.main: Tensor | None = None  # set by the optimizer (it knows the param buffer)
         self.step = 0  # steps taken, skipped ones included (as the simulator counts)
         self.updates = 0  # accepted steps: the rebuilt second moment's bias correction
@@ -111,7 +114,8 @@ class ScapeState:
         one flag entry (0, or inf if any of this rank's candidate entries is not finite) that
         the sum carries to every rank: a skip decision with no extra collective."""
         shard = self.shards[b]
-        cand = accumulate(self.moment[shard.start : shard.end], grad, self.config.moment_beta)
+        cand = accumulate(self.moment[shard.start : shard.end], grad, self.config.moment_beta,
+                          out=self.candidate[shard.start : shard.end])  # fmt: skip
         dense = self.step_is_dense()
         wire = pack(
             None if dense else self.bases[b],
