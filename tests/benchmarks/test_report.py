@@ -55,6 +55,8 @@ def test_section_2_and_the_targets_from_the_harness_json(tmp_path):
     assert "`train.bucket_size=2500000` (buckets per step: dense-no-overlap 1" in sec2
     targets = md.split("## Targets")[1].split("## 1.")[0]
     assert "| 2 ranks, 1 Gbit/s: SCAPE-99 >= x5 faster than dense AdamS | x5.20 " in targets
+    # the ceiling: the (only) dense step over SCAPE-99's own floor, 0.50 / 0.10
+    assert "; at most x5.00 with a free exchange" in targets
     row4 = next(ln for ln in targets.splitlines() if ln.startswith("| 4 ranks"))
     assert row4.endswith("| not met (noisy) |") and "x2.90" in row4
     assert "| 1.10x (110 ms / 100 ms) | met |" in targets  # step within 1.25x its floor
