@@ -14,6 +14,7 @@ C <= 256, so a mask travels as one byte per selected coefficient.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import lru_cache
 
 import torch
@@ -161,32 +162,38 @@ class ShardBasis:
     def synthesize(self, values: Tensor, mask: Tensor, out: Tensor | None = None) -> Tensor:
         """The entries (..., S) whose coefficients are ``values`` (..., num_selected) at
         ``mask`` and zero elsewhere (the inverse transform of a sparse coefficient vector),
-        fp32, written into ``out`` (..., S, contiguous) when given.
-
-        Each chunk is the values-weighted sum of its selected basis rows: exactly an
-        embedding bag over the DCT's rows, which writes every entry once and materializes
-        neither the rows nor dense coefficients. Shard by shard, a block of chunks at a
-        time; the tail is one more bag over the tail's rows."""
+        fp32, written into ``out`` (..., S, contiguous) when given."""
         if out is None:
             out = torch.empty(*values.shape[:-1], self.size, device=values.device)
-        C, k, n_head = self.chunk, self.k, self.full * self.k
-        values = values.reshape(-1, self.num_selected).float()
-        shards = zip(
-            values, mask.reshape(-1, self.num_selected), out.view(-1, self.size), strict=True
-        )
+        values = values.reshape(-1, self.num_selected)
+        shards = zip(values, mask.reshape(-1, self.num_selected), out.view(-1, self.size),
+                     strict=True)  # fmt: skip
         for v, m, o in shards:
-            for lo in self._blocks():
-                hi = min(lo + BLOCK_CHUNKS, self.full)
-                bags = F.embedding_bag(m[lo * k : hi * k].view(hi - lo, k), self._d,
-                                       per_sample_weights=v[lo * k : hi * k].view(hi - lo, k),
-                                       mode="sum")  # fmt: skip
-                o[lo * C : hi * C].view(hi - lo, C).copy_(bags)
-            if self._d_tail is not None:
-                o[self.split :] = F.embedding_bag(
-                    m[n_head:].view(1, -1), self._d_tail, per_sample_weights=v[n_head:].view(1, -1),
-                    mode="sum",
-                ).view(-1)  # fmt: skip
+            for lo, hi, entries in self.synthesis_blocks(v, m):
+                o[lo:hi].copy_(entries)
         return out
+
+    def synthesis_blocks(self, values: Tensor, mask: Tensor) -> Iterator[tuple[int, int, Tensor]]:
+        """One shard's synthesis (``values``, ``mask``: (num_selected,)) block by block:
+        ``(lo, hi, entries)`` with ``entries`` the fp32 values of entries ``[lo, hi)``, a
+        cache-sized temporary that a caller can use before the next block overwrites the
+        cache (the fused update of :func:`scape.shard.step_bucket_` does).
+
+        Each chunk is the values-weighted sum of its selected basis rows: exactly an
+        embedding bag over the DCT's rows, which materializes neither the rows nor dense
+        coefficients. The tail is one more bag, over the tail's rows."""
+        C, k, n_head = self.chunk, self.k, self.full * self.k
+        values = values.float()
+        for lo in self._blocks():
+            hi = min(lo + BLOCK_CHUNKS, self.full)
+            bags = F.embedding_bag(mask[lo * k : hi * k].view(hi - lo, k), self._d,
+                                   per_sample_weights=values[lo * k : hi * k].view(hi - lo, k),
+                                   mode="sum")  # fmt: skip
+            yield lo * C, hi * C, bags.view(-1)
+        if self._d_tail is not None:
+            tail = F.embedding_bag(mask[n_head:].view(1, -1), self._d_tail,
+                                   per_sample_weights=values[n_head:].view(1, -1), mode="sum")  # fmt: skip
+            yield self.split, self.size, tail.view(-1)
 
     def _split(self, mask: Tensor) -> tuple[Tensor, Tensor]:
         """A mask's offsets as (..., full, k) for the full chunks and (..., k_tail)."""

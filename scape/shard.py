@@ -13,15 +13,18 @@ One step, per rank r, for a bucket of W shards of S entries (shard j owned by ra
    dtype: (W*n,), n = coefficients selected per shard. All ranks' packs are summed in ONE
    all-reduce: the one synchronized sparse buffer. No indices travel with the values.
 3. ``commit_moment_``: the rank removes what it sent from its candidate, which becomes m_r.
-4. ``decode``: every rank turns the summed buffer into the same dense q (W*S,).
-5. every rank steps every entry with q (``rms_update_`` or ``sign_update_``) after
-   decoupled weight decay, so replicas stay identical with no parameter all-gather.
+4. every rank turns the summed buffer into the same dense q (W*S,) (``decode``), and
+5. steps every entry with q (``rms_update_`` or ``sign_update_``) after decoupled weight
+   decay, so replicas stay identical with no parameter all-gather. ``step_bucket_`` does 4
+   and 5 block by block, q's block still in cache: the same bits, q never whole.
 6. ``owner_mask``: rank j's mask of shard j for the next step, from its committed m_j.
 
 During the dense warm-up the candidate travels whole (identity basis) and m_r is emptied.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import torch
 from torch import Tensor
@@ -39,7 +42,7 @@ __all__ = [
     "pack",
     "rms_update_",
     "sign_update_",
-    "update_norm",
+    "step_bucket_",
     "weight_decay_",
 ]
 
@@ -153,16 +156,6 @@ def rms_update_(
         param[lo:hi].addcdiv_(g, denom, value=-lr)
 
 
-def update_norm(q: Tensor) -> float:
-    """The L2 norm of the decoded update q (N,) that every rank steps with (logged as the
-    step's grad norm): fp32 dot products of blocks, summed in float64 (Python floats)."""
-    total = 0.0
-    for lo in range(0, q.numel(), UPDATE_BLOCK):
-        block = q[lo : lo + UPDATE_BLOCK]
-        total += float(torch.dot(block, block))
-    return total**0.5
-
-
 def decay_runs(mask: Tensor) -> list[tuple[int, int]]:
     """The ``[start, end)`` runs of True in a flat bool ``mask`` (the entries weight decay
     applies to: whole params, so a few hundred runs at most)."""
@@ -183,6 +176,54 @@ def weight_decay_(param: Tensor, runs: list[tuple[int, int]], factor: float) -> 
 def sign_update_(param: Tensor, q: Tensor, *, lr: float) -> None:
     """``p -= lr * sign(q)`` (DeMo's update)."""
     param.add_(q.sign(), alpha=-lr)
+
+
+def step_bucket_(
+    param: Tensor,
+    second_moment: Tensor | None,
+    basis: ShardBasis | None,
+    masks: Tensor | None,
+    synced: Tensor,
+    *,
+    world_size: int,
+    decay: list[tuple[int, int]],
+    decay_factor: float,
+    update: str,
+    step: int,
+    lr: float,
+    beta: float,
+    eps: float,
+) -> float:
+    """Steps 4-5 for one bucket, fused block by block: decode the summed buffer ``synced``
+    (W*n,) into q, then weight decay (``p *= decay_factor`` on the bucket-relative runs
+    ``decay``) and the update (:func:`rms_update_` or :func:`sign_update_`) of ``param`` and
+    ``second_moment`` (W*S,) while q's block is still in cache: q never exists whole.
+
+    The same bits as decoding whole and stepping whole (every operation is elementwise).
+    Returns the sum of q's squares (fp32 per block, summed in float64) for the logged norm."""
+    if basis is None:  # dense warm-up: q is the buffer itself
+        q = synced.float()
+        blocks = ((lo, min(lo + UPDATE_BLOCK, q.numel()), q[lo : lo + UPDATE_BLOCK])
+                  for lo in range(0, q.numel(), UPDATE_BLOCK))  # fmt: skip
+    else:
+        per_shard = synced.view(world_size, -1)
+        blocks = ((w * basis.size + lo, w * basis.size + hi, block)
+                  for w in range(world_size)
+                  for lo, hi, block in basis.synthesis_blocks(per_shard[w], masks[w]))  # fmt: skip
+    ends = [end for _, end in decay]
+    total = 0.0
+    for lo, hi, q_block in blocks:
+        total += float(torch.dot(q_block, q_block))
+        p = param[lo:hi]
+        if decay_factor != 1.0:
+            first = bisect.bisect_right(ends, lo)  # the runs that end after lo ...
+            runs = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in decay[first:] if a < hi]
+            weight_decay_(p, runs, decay_factor)  # ... and start before hi
+        if update == "rms":
+            rms_update_(p, second_moment[lo:hi], q_block, step=step, lr=lr, beta=beta, eps=eps)
+        else:
+            sign_update_(p, q_block, lr=lr)
+    return total
 
 
 def owner_mask(basis: ShardBasis, moment_shard: Tensor) -> Tensor:

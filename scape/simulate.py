@@ -13,7 +13,6 @@ exactly as the Megatron adapter is.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,10 +34,7 @@ from scape.shard import (
     decode,
     owner_mask,
     pack,
-    rms_update_,
-    sign_update_,
-    update_norm,
-    weight_decay_,
+    step_bucket_,
 )
 
 __all__ = [
@@ -145,7 +141,21 @@ class Simulator:
         # masks[b]: (W, n) the shards' masks for the coming step; None before the first
         self.masks: list[Tensor] | None = None
         self.last_used_masks: list[Tensor] | None = None  # for tests and studies
-        self.last_q: Tensor | None = None
+        self.last_synced: list[Tensor] | None = None  # see last_q
+
+    @property
+    def last_q(self) -> Tensor | None:
+        """The dense update q (total,) every rank stepped with at the last accepted step,
+        decoded on demand from the summed buffers (tests, studies); the step itself never
+        holds it whole."""
+        if self.last_synced is None:
+            return None
+        masks = self.last_used_masks
+        return torch.cat([
+            decode(None if masks is None else self.bases[b], None if masks is None else masks[b],
+                   synced, self.world_size)
+            for b, synced in enumerate(self.last_synced)
+        ])  # fmt: skip
 
     def bind_flat_params(self, layout: FlatLayout) -> None:
         """Make the params views of one flat fp32 buffer laid out as ``layout`` (as in
@@ -159,7 +169,11 @@ class Simulator:
             self.flat_param[off : off + p.numel()].copy_(p.detach().view(-1))
             p.data = self.flat_param[off : off + p.numel()].view_as(p)
             self.decay_mask[off : off + p.numel()] = d
-        self.decay_runs = decay_runs(self.decay_mask)
+        runs = decay_runs(self.decay_mask)  # per bucket, relative to it (as the adapter)
+        self.decay_runs = [
+            [(max(a, lo) - lo, min(b, hi) - lo) for a, b in runs if a < hi and b > lo]
+            for lo, hi in layout.buckets
+        ]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a SCAPE step reads besides params: for checkpoints and tests."""
@@ -281,7 +295,7 @@ class Simulator:
         dense = t <= cfg.dense_warmup_steps or self.masks is None
         bytes_ = self.bytes_per_step(dense)
         cand = accumulate(self.moment, fresh, cfg.moment_beta)
-        wires, qs = [], []
+        wires, synced = [], []
         for b, (start, end) in enumerate(self.layout.buckets):
             basis = None if dense else self.bases[b]
             masks = None if dense else self.masks[b]
@@ -289,34 +303,34 @@ class Simulator:
                 pack(basis, cand[w, start:end], masks, world_size=W, value_dtype=cfg.value_dtype)
                 for w in range(W)
             ]
-            synced = wire[0]
+            total = wire[0]
             for w in range(1, W):
-                synced = synced + wire[w]  # the all-reduce, in rank order and the wire dtype
+                total = total + wire[w]  # the all-reduce, in rank order and the wire dtype
             wires.append(wire)
-            qs.append(decode(basis, masks, synced, W))
-        q = torch.cat(qs)
-        norm = update_norm(q)
+            synced.append(total)
         # Any rank's non-finite gradient makes every rank skip (the adapter sends a flag
-        # with the values); nothing is committed, so the next step starts from intact moments.
-        if not (bool(all_finite(cand)) and math.isfinite(norm)):
+        # with the values, and checks the summed buffer); nothing is committed, so the next
+        # step starts from intact moments.
+        if not (bool(all_finite(cand)) and all(bool(all_finite(s)) for s in synced)):
             return StepResult(t, loss, float("nan"), True, bytes_)
-        for b, (start, end) in enumerate(self.layout.buckets):
-            for w in range(W):
-                commit_moment_(
-                    self.moment[w, start:end], cand[w, start:end],
-                    None if dense else self.bases[b], None if dense else self.masks[b],
-                    wires[b][w], world_size=W,
-                )  # fmt: skip
-        self.last_used_masks = None if dense else self.masks
-        self.last_q = q  # the decoded buffer every rank stepped with (tests, studies)
-        if hp.weight_decay:
-            weight_decay_(self.flat_param, self.decay_runs, 1.0 - lr * hp.weight_decay)
         self.updates += 1
-        if cfg.update == "rms":
-            rms_update_(self.flat_param, self.second_moment, q, step=self.updates, lr=lr,
-                        beta=cfg.second_moment_beta, eps=hp.eps)  # fmt: skip
-        else:
-            sign_update_(self.flat_param, q, lr=lr)
+        sum_sq = 0.0
+        for b, (start, end) in enumerate(self.layout.buckets):
+            basis = None if dense else self.bases[b]
+            masks = None if dense else self.masks[b]
+            for w in range(W):
+                commit_moment_(self.moment[w, start:end], cand[w, start:end], basis, masks,
+                               wires[b][w], world_size=W)  # fmt: skip
+            sum_sq += step_bucket_(
+                self.flat_param[start:end],
+                None if self.second_moment is None else self.second_moment[start:end],
+                basis, masks, synced[b], world_size=W, decay=self.decay_runs[b],
+                decay_factor=1.0 - lr * hp.weight_decay, update=cfg.update, step=self.updates,
+                lr=lr, beta=cfg.second_moment_beta, eps=hp.eps,
+            )  # fmt: skip
+        norm = sum_sq**0.5
+        self.last_used_masks = None if dense else self.masks
+        self.last_synced = synced  # the summed buffers every rank stepped with (last_q)
         overlap = None
         if t >= cfg.dense_warmup_steps:
             # After a dense step the moments are empty: the next masks come from what was

@@ -8,7 +8,14 @@ import torch
 
 from scape import shard
 from scape.basis import ShardBasis, dct_matrix
-from scape.shard import all_finite, decay_runs, decode, rms_update_, update_norm, weight_decay_
+from scape.shard import (
+    all_finite,
+    decay_runs,
+    decode,
+    rms_update_,
+    step_bucket_,
+    weight_decay_,
+)
 
 
 def test_weight_decay_on_runs_equals_the_masked_multiply():
@@ -55,11 +62,41 @@ def test_blocked_rms_update_is_bit_identical_to_the_whole_buffer(monkeypatch):
     assert torch.equal(p, p_ref) and torch.equal(v, v_ref)
 
 
-def test_update_norm(monkeypatch):
-    torch.manual_seed(2)
-    q = torch.randn(5003)
-    monkeypatch.setattr(shard, "UPDATE_BLOCK", 1000)
-    assert math.isclose(update_norm(q), float(q.double().norm()), rel_tol=1e-6)
+@pytest.mark.parametrize("update", ["rms", "sign"])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fused_bucket_step_is_bit_identical_to_decoding_and_stepping_whole(
+    update, sparse, monkeypatch
+):
+    """step_bucket_ decodes and steps block by block (several blocks per shard here, and a
+    tail chunk); the params and second moment equal decoding q whole, a masked weight-decay
+    multiply and the whole-buffer update, bit for bit, and it returns |q|^2."""
+    import scape.basis
+
+    torch.manual_seed(5)
+    W, size = 2, 1037
+    basis = ShardBasis(size, 100, 2) if sparse else None
+    moment = torch.randn(W, size)
+    masks = torch.stack([basis.select(moment[w]) for w in range(W)]) if sparse else None
+    synced = torch.randn(W * (basis.num_selected if sparse else size))
+    decay = torch.ones(W * size, dtype=torch.bool)
+    decay[300:420] = False  # an undecayed param across block boundaries
+    p, v = torch.randn(W * size), torch.rand(W * size)
+    q = decode(basis, masks, synced, W)
+    p_ref, v_ref = p.clone(), v.clone()
+    p_ref[decay] *= 0.99
+    if update == "rms":
+        rms_update_(p_ref, v_ref, q, step=3, lr=1e-3, beta=0.95, eps=1e-8)
+    else:
+        p_ref.add_(q.sign(), alpha=-1e-3)
+    monkeypatch.setattr(scape.basis, "BLOCK_CHUNKS", 3)
+    monkeypatch.setattr(shard, "UPDATE_BLOCK", 500)
+    sum_sq = step_bucket_(p, v if update == "rms" else None, basis, masks, synced, world_size=W,
+                          decay=decay_runs(decay), decay_factor=0.99, update=update, step=3,
+                          lr=1e-3, beta=0.95, eps=1e-8)  # fmt: skip
+    assert torch.equal(p, p_ref)
+    if update == "rms":
+        assert torch.equal(v, v_ref)
+    assert math.isclose(sum_sq, float(q.double().square().sum()), rel_tol=1e-6)
 
 
 @pytest.mark.parametrize("size", [1037, 1000])  # with and without a tail chunk

@@ -35,15 +35,7 @@ from scape.megatron.bucket_group import promote_bucket_groups
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
-from scape.shard import (
-    commit_moment_,
-    decay_runs,
-    decode,
-    rms_update_,
-    sign_update_,
-    update_norm,
-    weight_decay_,
-)
+from scape.shard import commit_moment_, decay_runs, step_bucket_
 
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
@@ -83,8 +75,14 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         # a separate fp32 copy of every entry (replicated, like the moment).
         fp32 = buffer.param_data.dtype == torch.float32
         self.scape.main = buffer.param_data if fp32 else buffer.param_data.float()
-        self._decay_runs = decay_runs(self._weight_decay_mask(ddp, buffer))
-        self._q = torch.empty_like(self.scape.moment)  # the decoded update, reused every step
+        # weight decay's runs of entries, bucket by bucket and relative to each bucket (the
+        # buckets tile the buffer: see ScapeState)
+        runs = decay_runs(self._weight_decay_mask(ddp, buffer))
+        self._decay_runs = [
+            [(max(a, s.start) - s.start, min(b, s.end) - s.start)
+             for a, b in runs if a < s.end and b > s.start]
+            for s in self.scape.shards
+        ]  # fmt: skip
         self._grad_norm = torch.zeros((), dtype=torch.float32)
         promote_bucket_groups(ddp, self.scape)
 
@@ -145,24 +143,23 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         st, cfg, W = self.scape, self.scape.config, self.scape.world_size
         lr, weight_decay = self._lr_and_weight_decay()
         dense = st.step_is_dense()
-        q = self._q
+        st.updates += 1
+        sum_sq = 0.0
         for b, shard in enumerate(st.shards):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
             commit_moment_(st.moment[shard.start : shard.end], st.candidates[b], basis, masks,
                            st.wires[b], world_size=W)  # fmt: skip
-            decode(basis, masks, st.synced(b), W, out=q[shard.start : shard.end])
-        self._grad_norm = torch.tensor(update_norm(q), dtype=torch.float64)
+            span = slice(shard.start, shard.end)
+            sum_sq += step_bucket_(
+                st.main[span], None if st.second_moment is None else st.second_moment[span],
+                basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],
+                decay_factor=1.0 - lr * weight_decay, update=cfg.update, step=st.updates,
+                lr=lr, beta=cfg.second_moment_beta, eps=self._eps(),
+            )  # fmt: skip
+        self._grad_norm = torch.tensor(sum_sq**0.5, dtype=torch.float64)
         st.last_used_masks = None if dense else st.masks
         main = st.main
-        if weight_decay:
-            weight_decay_(main, self._decay_runs, 1.0 - lr * weight_decay)
-        st.updates += 1
-        if cfg.update == "rms":
-            rms_update_(main, st.second_moment, q, step=st.updates, lr=lr,
-                        beta=cfg.second_moment_beta, eps=self._eps())  # fmt: skip
-        else:
-            sign_update_(main, q, lr=lr)
         if main.data_ptr() != self.param_buffer.data_ptr():
             self.param_buffer.copy_(main)
         if st.step >= cfg.dense_warmup_steps:

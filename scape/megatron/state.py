@@ -44,6 +44,11 @@ class ScapeState:
         self.comm = SparseCommunicator(group, counter)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.device = device
+        starts = [0] + [s.end for s in shards[:-1]]
+        if [s.start for s in shards] != starts:
+            raise ValueError(
+                f"buckets must tile the buffer from 0: starts {[s.start for s in shards]}"
+            )
         self.bases = [ShardBasis(s.size, config.chunk, config.k, device) for s in shards]
         total = shards[-1].end
         self.moment = torch.zeros(total, dtype=torch.float32, device=device)
