@@ -10,9 +10,9 @@ sizes on a GPU.
 SCAPE, per bucket on every rank (the functions of :mod:`scape.shard`, as the Megatron adapter
 calls them): the owner's mask of its shard for the next step (top-k per DCT chunk of its
 moment), the candidate moment over all W*S entries, packing it at the W shards' masks,
-removing what was sent from the moment, decoding the summed buffer into q over all W*S
-entries, weight decay and the rms update of all W*S entries: every rank steps every entry
-itself, which is what replaces the parameter all-gather. Dense ZeRO-1 as Megatron does it:
+removing what was sent from the moment, and the step (decoding the summed buffer into q,
+weight decay and the rms update of all W*S entries, fused block by block as the adapter
+runs it: ``step_bucket_``): every rank steps every entry itself, which is what replaces the parameter all-gather. Dense ZeRO-1 as Megatron does it:
 scale the W*S grads in place, AdamS on the S owned entries, copy them into the param buffer.
 
 It also writes a memory-traffic estimate of each part (bytes read+written, as fused GPU
@@ -37,16 +37,7 @@ from benchmarks import quiet
 from scape.adams import adams_update_
 from scape.basis import ShardBasis
 from scape.config import ScapeConfig
-from scape.shard import (
-    accumulate,
-    commit_moment_,
-    decay_runs,
-    decode,
-    owner_mask,
-    pack,
-    rms_update_,
-    weight_decay_,
-)
+from scape.shard import accumulate, commit_moment_, decay_runs, owner_mask, pack, step_bucket_
 
 __all__ = ["SCAPE_STEP", "gpu_model", "measure", "traffic_bytes"]
 
@@ -67,9 +58,8 @@ def traffic_bytes(world: int, shard: int, selected: int,
             "accumulate": 12 * n,  # m, g -> candidate
             "pack": 4 * n + wn * (8 + 4 + value_nbytes),  # candidate at the masks -> wire
             "commit": 16 * n + wn * (value_nbytes + 12),  # wire -> removed; m = cand - removed
-            "decode": 4 * n + wn * (value_nbytes + 12),  # synced -> q
-            "decay": 8 * n,  # params, on contiguous runs
-            "update": 20 * n,  # v, q, params
+            # synced -> q block, decay and update while it is in cache: v and params r/w
+            "step": 16 * n + wn * (value_nbytes + 12),
         },
         "dense": {"scale": 8 * n, "update": shard * (4 * 2 * 2 + 4 + 16)},
     }
@@ -114,12 +104,6 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
     def run_pack() -> None:
         held["wire"] = pack(basis, held["cand"], masks, world_size=world, value_dtype=VALUE_DTYPE)
 
-    def run_decode() -> None:  # the summed buffer has the wire's shape and dtype
-        held["q"] = decode(basis, masks, held["wire"], world)
-
-    def run_decay() -> None:
-        weight_decay_(params, runs, 1.0 - LR * WD)
-
     scape_parts: dict[str, Callable[[], object]] = {
         "select": lambda: owner_mask(basis, moment[:shard]),
         "accumulate": run_accumulate,
@@ -127,10 +111,21 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
         "commit": lambda: commit_moment_(
             target, held["cand"], basis, masks, held["wire"], world_size=world
         ),  # fmt: skip
-        "decode": run_decode,
-        "decay": run_decay,
-        "update": lambda: rms_update_(
-            params, second, held["q"], step=10, lr=LR, beta=cfg.second_moment_beta, eps=1e-8
+        # the summed buffer has the wire's shape and dtype
+        "step": lambda: step_bucket_(
+            params,
+            second,
+            basis,
+            masks,
+            held["wire"],
+            world_size=world,
+            decay=runs,
+            decay_factor=1.0 - LR * WD,
+            update="rms",
+            step=10,
+            lr=LR,
+            beta=cfg.second_moment_beta,
+            eps=1e-8,
         ),  # fmt: skip
     }
     own = slice(0, shard)

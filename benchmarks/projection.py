@@ -202,8 +202,8 @@ def optimizer_seconds(n_params: int, a: Assumptions, overhead: dict | None = Non
             out["dense"] = len(buckets) * gpu[label]["dense_total_s"]
         elif gpu_cal is not None:
             scale = len(buckets) / gpu_cal["buckets"]
-            out[label] = scale * gpu_cal["kernels"][label] + sum(
-                t["scape"]["decay"] for t in traffic) / bw  # fmt: skip
+            # weight decay rides in the update's pass (step_bucket_): no traffic of its own
+            out[label] = scale * gpu_cal["kernels"][label]
             out["dense"] = scale * gpu_cal["kernels"]["dense"] + sum(
                 t["dense"]["scale"] for t in traffic) / bw  # fmt: skip
         else:

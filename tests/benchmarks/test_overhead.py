@@ -11,7 +11,7 @@ from benchmarks.overhead import gpu_model, measure, traffic_bytes
 def test_every_part_runs_on_a_toy_bucket():
     m = measure(2, 350, 0.9, 1, torch.device("cpu"))
     assert m["selected_per_shard"] == 3 * 10 + 10  # 3 chunks of 100 and a tail of 50, k=10
-    parts = {"select", "accumulate", "pack", "commit", "decode", "decay", "update"}
+    parts = {"select", "accumulate", "pack", "commit", "step"}
     assert {k.split(".", 1)[1] for k in m["median_s"] if k.startswith("scape.")} == parts
     assert {k for k in m["median_s"] if k.startswith("dense.")} == {"dense.scale", "dense.update"}
     assert all(math.isfinite(v) and v >= 0 for v in m["median_s"].values())
