@@ -8,14 +8,17 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
 * The reading: R6 (local first moments read in a chunked DCT, one shared all-reduce, every
   rank decodes and steps) replaced R0 (sparse reduce-scatter of masked gradients, masked
   AdamS on the owner, frozen entries off the mask): at 99% sparsity R0 trails dense AdamS by
-  +35% (Llama) / +18% (GPT) over 3 seeds, the library step by +6.3% / +1.8%, and by +2.5% /
-  +3.1% at 3,000 steps (R0's gap grows with training, R6's does not). At 300 steps every
+  +32% (Llama) / +14% (GPT) over 3 seeds even at its own best lr (x4), the library step by
+  +6.3% / +1.8%, and by +2.5% / +3.1% at 3,000 steps (R0's gap does not close with
+  training, R6's does on Llama). At 90% the library step is within 1% at 1,500 steps
+  (-0.9% / -4.7%, each at its best lr), R0 +14% / +0.3%. At 300 steps every
   reading that freezes or estimates unsent entries (R0, R1, R3, R4, R5) is at least +13%
   (Llama, 99%) behind.
 * update="rms" over "sign": with seed 0 and lr 3e-3 neither wins on both models (rms
   4.207 / 5.003 at 99%, sign 4.420 / 4.844; at 90% rms 4.072 / 4.790, sign 4.129 / 4.490);
-  rms is C4 read closely (a second moment rebuilt from the one buffer) and the better at
-  99% on Llama. Feeding q to AdamS's own rule instead trails by +25% (Llama, 99%, 300 steps).
+  over 3 seeds at 99% the library's sign step trails by +9.5% / +1.5% against rms's +6.3% /
+  +1.8% (sign at x1, untuned); rms is C4 read closely (a second moment rebuilt from the one
+  buffer). Feeding q to AdamS's own rule instead trails by +25% (Llama, 99%, 300 steps).
 * moment_beta=0.999: the issue's probes (sign step, 1,500 steps: beta 0.9 / 0.95 / 0.99 /
   0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143).
 * chunk=100: k = 1 or 10 is exactly 99% or 90% of the values, and an offset is one byte.
