@@ -12,7 +12,8 @@ calls them): the owner's mask of its shard for the next step (top-k per DCT chun
 moment), the candidate moment over all W*S entries, packing it at the W shards' masks,
 removing what was sent from the moment, and the step (decoding the summed buffer into q,
 weight decay and the rms update of all W*S entries, fused block by block as the adapter
-runs it: ``step_bucket_``): every rank steps every entry itself, which is what replaces the parameter all-gather. Dense ZeRO-1 as Megatron does it:
+runs it: ``step_bucket_``): every rank steps every entry itself, which is what replaces the
+parameter all-gather. Dense ZeRO-1 as Megatron does it:
 scale the W*S grads in place, AdamS on the S owned entries, copy them into the param buffer.
 
 It also writes a memory-traffic estimate of each part (bytes read+written, as fused GPU

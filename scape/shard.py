@@ -41,6 +41,7 @@ __all__ = [
     "owner_mask",
     "pack",
     "rms_update_",
+    "runs_within",
     "sign_update_",
     "step_bucket_",
     "weight_decay_",
@@ -166,6 +167,18 @@ def decay_runs(mask: Tensor) -> list[tuple[int, int]]:
     return list(zip(starts, ends, strict=True))
 
 
+def runs_within(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of sorted, disjoint ``runs`` inside ``[lo, hi)``, relative to ``lo`` (a
+    bucket's decay runs out of the buffer's, a block's out of the bucket's)."""
+    first = bisect.bisect_right([end for _, end in runs], lo)  # the first run ending after lo
+    out = []
+    for a, b in runs[first:]:
+        if a >= hi:
+            break
+        out.append((max(a, lo) - lo, min(b, hi) - lo))
+    return out
+
+
 def weight_decay_(param: Tensor, runs: list[tuple[int, int]], factor: float) -> None:
     """Decoupled weight decay ``p *= factor`` on the runs of :func:`decay_runs`: the same
     bits as a masked multiply, without gathering and scattering every entry."""
@@ -210,15 +223,12 @@ def step_bucket_(
         blocks = ((w * basis.size + lo, w * basis.size + hi, block)
                   for w in range(world_size)
                   for lo, hi, block in basis.synthesis_blocks(per_shard[w], masks[w]))  # fmt: skip
-    ends = [end for _, end in decay]
     total = 0.0
     for lo, hi, q_block in blocks:
         total += float(torch.dot(q_block, q_block))
         p = param[lo:hi]
         if decay_factor != 1.0:
-            first = bisect.bisect_right(ends, lo)  # the runs that end after lo ...
-            runs = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in decay[first:] if a < hi]
-            weight_decay_(p, runs, decay_factor)  # ... and start before hi
+            weight_decay_(p, runs_within(decay, lo, hi), decay_factor)
         if update == "rms":
             rms_update_(p, second_moment[lo:hi], q_block, step=step, lr=lr, beta=beta, eps=eps)
         else:

@@ -34,6 +34,7 @@ from scape.shard import (
     decode,
     owner_mask,
     pack,
+    runs_within,
     step_bucket_,
 )
 
@@ -170,10 +171,7 @@ class Simulator:
             p.data = self.flat_param[off : off + p.numel()].view_as(p)
             self.decay_mask[off : off + p.numel()] = d
         runs = decay_runs(self.decay_mask)  # per bucket, relative to it (as the adapter)
-        self.decay_runs = [
-            [(max(a, lo) - lo, min(b, hi) - lo) for a, b in runs if a < hi and b > lo]
-            for lo, hi in layout.buckets
-        ]
+        self.decay_runs = [runs_within(runs, lo, hi) for lo, hi in layout.buckets]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a SCAPE step reads besides params: for checkpoints and tests."""

@@ -13,6 +13,7 @@ from scape.shard import (
     decay_runs,
     decode,
     rms_update_,
+    runs_within,
     step_bucket_,
     weight_decay_,
 )
@@ -129,3 +130,15 @@ def test_decode_into_a_buffer_equals_the_returned_update():
     assert torch.equal(out, decode(basis, masks, synced, 2))
     dense = torch.randn(2 * 1037)
     assert torch.equal(decode(None, None, dense, 2, out=out), dense)
+
+
+def test_runs_within_equals_the_mask_restricted_to_the_range():
+    torch.manual_seed(6)
+    mask = torch.rand(2_000) < 0.5
+    runs = decay_runs(mask)
+    for lo, hi in [(0, 2_000), (0, 1), (333, 1_337), (1_999, 2_000), (700, 700)]:
+        inside = torch.zeros(hi - lo, dtype=torch.bool)
+        for a, b in runs_within(runs, lo, hi):
+            assert 0 <= a < b <= hi - lo
+            inside[a:b] = True
+        assert torch.equal(inside, mask[lo:hi])

@@ -35,7 +35,7 @@ from scape.megatron.bucket_group import promote_bucket_groups
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
-from scape.shard import commit_moment_, decay_runs, step_bucket_
+from scape.shard import commit_moment_, decay_runs, runs_within, step_bucket_
 
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
@@ -78,11 +78,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         # weight decay's runs of entries, bucket by bucket and relative to each bucket (the
         # buckets tile the buffer: see ScapeState)
         runs = decay_runs(self._weight_decay_mask(ddp, buffer))
-        self._decay_runs = [
-            [(max(a, s.start) - s.start, min(b, s.end) - s.start)
-             for a, b in runs if a < s.end and b > s.start]
-            for s in self.scape.shards
-        ]  # fmt: skip
+        self._decay_runs = [runs_within(runs, s.start, s.end) for s in self.scape.shards]
         self._grad_norm = torch.zeros((), dtype=torch.float32)
         promote_bucket_groups(ddp, self.scape)
 
@@ -148,9 +144,9 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         for b, shard in enumerate(st.shards):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
-            commit_moment_(st.moment[shard.start : shard.end], st.candidates[b], basis, masks,
-                           st.wires[b], world_size=W)  # fmt: skip
             span = slice(shard.start, shard.end)
+            commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
+                           world_size=W)  # fmt: skip
             sum_sq += step_bucket_(
                 st.main[span], None if st.second_moment is None else st.second_moment[span],
                 basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],

@@ -68,7 +68,6 @@ class ScapeState:
         # Per-step transport, filled bucket by bucket during backward.
         n = len(shards)
         self.dense: bool | None = None  # this step sends everything (warm-up)
-        self.candidates: list[Tensor | None] = [None] * n
         self.wires: list[Tensor | None] = [None] * n
         self.payloads: list[Tensor | None] = [None] * n  # wire + finite flag, reduced in place
         self._fused: _FusedExchange | None = None
@@ -130,7 +129,7 @@ class ScapeState:
             value_dtype=self.config.value_dtype,
         )
         flag = torch.where(all_finite(cand), 0.0, float("inf")).to(wire.dtype)
-        self.candidates[b], self.wires[b] = cand, wire
+        self.wires[b] = wire
         self.payloads[b] = torch.cat([wire, flag.reshape(1)])
         return self.payloads[b]
 
@@ -163,7 +162,7 @@ class ScapeState:
         """Forget this step's transport buffers."""
         n = len(self.shards)
         self.dense = None
-        self.candidates, self.wires, self.payloads = [None] * n, [None] * n, [None] * n
+        self.wires, self.payloads = [None] * n, [None] * n
         self._fused = None
 
 
