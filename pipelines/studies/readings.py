@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 READINGS = ("owner", "local", "stale")
+UPDATES = ("sign", "rms", "adam", "adams", "adams_coef")
 
 
 class ChunkBasis:
@@ -86,7 +87,9 @@ class ReadingConfig:
     delay_mask: bool = True
     # local (R2/R6)
     local_beta: float = 0.999
-    update: str = "rms"  # sign | rms | adam | adams
+    # sign | rms | adam | adams | adams_coef (AdamS per DCT coefficient: its m and denominator
+    # kept in the chunked basis, the step decoded to entries)
+    update: str = "rms"
     v_beta: float = 0.95  # the rebuilt second moment's EMA
     mask_owner: str = "owner"  # owner (one mask per chunk) | per_rank (DeMo proper)
     # chunk: k per chunk; shard: the owner's k/C * S largest coefficients of its whole shard
@@ -107,8 +110,8 @@ class ReadingConfig:
     def __post_init__(self) -> None:
         if self.reading not in READINGS:
             raise ValueError(f"reading={self.reading!r}: use one of {', '.join(READINGS)}")
-        if self.update not in ("sign", "rms", "adam", "adams"):
-            raise ValueError(f"update={self.update!r}: use sign, rms, adam or adams")
+        if self.update not in UPDATES:
+            raise ValueError(f"update={self.update!r}: use one of {', '.join(UPDATES)}")
         if self.off_mask not in ("freeze", "zero", "stale", "decay"):
             raise ValueError(f"off_mask={self.off_mask!r}")
         if self.age_step not in ("none", "linear", "sqrt"):
@@ -267,6 +270,13 @@ class LocalMomentSimulator(_ChunkedSimulator):
             self.v.mul_(r.v_beta).addcmul_(q, q, value=1.0 - r.v_beta)
             denom = (self.v / (1.0 - r.v_beta**n)).sqrt_().add_(eps)
             self.flat_param.addcdiv_(self.global_m, denom, value=-lr / (1.0 - beta1**n))
+        elif r.update == "adams_coef":  # the same rule per coefficient of the chunked basis
+            step_coefs = torch.zeros(self.n_chunks, self.basis.chunk)
+            adams_update_(
+                step_coefs, self.global_m.view(self.n_chunks, -1), self.basis.forward(q),
+                step=n, lr=1.0, beta1=beta1, beta2=r.v_beta, eps=eps,
+            )  # fmt: skip
+            self.flat_param.add_(self.basis.inverse(step_coefs), alpha=lr)
         else:  # adams: AdamS's own rule, its denominator from the previous m and q
             adams_update_(
                 self.flat_param, self.global_m, q, step=n, lr=lr,

@@ -104,6 +104,31 @@ def test_local_reading_sending_everything_is_its_dense_limit() -> None:
     assert torch.allclose(_params(r6rms)[: ref_flat.numel()], ref_flat, atol=1e-5)
 
 
+def test_adams_per_coefficient_is_adams_in_the_identity_basis_and_not_in_the_dct() -> None:
+    """AdamS kept per coefficient of the chunked basis: with the identity basis it is the
+    same arithmetic as AdamS on q; in the DCT its nonlinear denominator makes it another
+    rule (the map is orthonormal, AdamS's per-entry normalization is not invariant to it)."""
+    dense = {"reading": "local", "chunk": 8, "k": 8, "local_beta": 1.0}
+    hp = OptimizerHParams(lr=1e-2, weight_decay=0.1)
+    sims = {
+        (basis, update): build_reading_simulator(
+            _model(), W, hp, ReadingConfig(**dense, basis=basis, update=update))
+        for basis in ("identity", "dct") for update in ("adams", "adams_coef")
+    }  # fmt: skip
+    for t in range(6):
+        for sim in sims.values():
+            sim.step(_batches(t), _loss)
+    p = {key: _params(sim) for key, sim in sims.items()}
+    assert torch.allclose(p["identity", "adams_coef"], p["identity", "adams"], atol=1e-6)
+    assert torch.allclose(p["dct", "adams"], p["identity", "adams"], atol=1e-5)
+    assert not torch.allclose(p["dct", "adams_coef"], p["dct", "adams"], atol=1e-4)
+
+
+def test_unknown_update_is_named_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="update='adamz': use one of sign, rms, adam, adams, adams_coef"):
+        ReadingConfig(update="adamz")
+
+
 def test_local_moments_conserve_gradient_mass_and_share_the_owners_mask() -> None:
     """With local_beta = 1 nothing is lost: W * sum of q + the ranks' moments = every
     gradient produced. Every chunk's mask is the top-k of its owner's own coefficients."""
