@@ -125,7 +125,9 @@ def test_adams_per_coefficient_is_adams_in_the_identity_basis_and_not_in_the_dct
 
 
 def test_unknown_update_is_named_with_the_choices() -> None:
-    with pytest.raises(ValueError, match="update='adamz': use one of sign, rms, adam, adams, adams_coef"):
+    with pytest.raises(
+        ValueError, match="update='adamz': use one of sign, rms, adam, adams, adams_coef"
+    ):
         ReadingConfig(update="adamz")
 
 
