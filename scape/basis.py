@@ -194,9 +194,3 @@ class ShardBasis:
             tail = F.embedding_bag(mask[n_head:].view(1, -1), self._d_tail,
                                    per_sample_weights=values[n_head:].view(1, -1), mode="sum")  # fmt: skip
             yield self.split, self.size, tail.view(-1)
-
-    def _split(self, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """A mask's offsets as (..., full, k) for the full chunks and (..., k_tail)."""
-        n_head = self.full * self.k
-        head = mask[..., :n_head].reshape(*mask.shape[:-1], self.full, self.k)
-        return head, mask[..., n_head:]

@@ -116,21 +116,15 @@ def commit_moment_(
 
 
 def decode(
-    basis: ShardBasis | None,
-    masks: Tensor | None,
-    synced: Tensor,
-    world_size: int,
-    out: Tensor | None = None,
+    basis: ShardBasis | None, masks: Tensor | None, synced: Tensor, world_size: int
 ) -> Tensor:
     """The dense q (W*S,) of the summed buffer ``synced`` (W*n,), fp32, the same on every
-    rank; written into ``out`` (W*S,) when given (no intermediate copy)."""
+    rank. (The step itself never holds q whole: :func:`step_bucket_` decodes block by block;
+    this is for inspection and tests.)"""
     synced = synced.float()
     if basis is None:
-        return synced if out is None else out.copy_(synced)
-    if out is None:
-        return basis.synthesize(synced.view(world_size, -1), masks).view(-1)
-    basis.synthesize(synced.view(world_size, -1), masks, out=out.view(world_size, -1))
-    return out
+        return synced
+    return basis.synthesize(synced.view(world_size, -1), masks).view(-1)
 
 
 def rms_update_(
