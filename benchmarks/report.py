@@ -284,7 +284,7 @@ def overhead_section(
         if before is not None and before.get("scape_step") == SCAPE_STEP:
             lines += ["", f"The same benchmark before the CPU-work cut of issue 14, at commit "
                       f"{before.get('commit', '?')} (`overhead_before.json`):", ""]  # fmt: skip
-            lines += _overhead_table(before)[2:]
+            lines += _overhead_table(before, intro=False)
     if proj is not None:
         m18 = proj["models"]["llama-1.8b"]
         for label in ("scape-90", "scape-99"):
@@ -299,8 +299,9 @@ def overhead_section(
     return lines, status
 
 
-def _overhead_table(o: dict[str, Any]) -> list[str]:
-    lines = [f"One Megatron bucket as a rank sees it (W={o['world_size']}, bucket {o['bucket']:,}, "
+def _overhead_table(o: dict[str, Any], *, intro: bool = True) -> list[str]:
+    """Section 3's per-bucket table; ``intro`` adds the paragraph saying what a row is."""
+    lines = [] if not intro else [f"One Megatron bucket as a rank sees it (W={o['world_size']}, bucket {o['bucket']:,}, "
              f"shard {o['shard']:,}: the shard size of every model at W=32); medians, SCAPE and "
              "dense parts alternating. Per step = per bucket x buckets "
              f"({o['buckets_per_model']}).", ""]  # fmt: skip
