@@ -31,6 +31,10 @@ class ReadingCost:
     memory_note: str
 
 
+# fp32 buffers each local-moment update keeps per entry beyond the moment and main params
+UPDATE_STATE = {"sign": (0, ""), "rms": (1, " + v"), "adams": (1, " + M"),
+                "adams_coef": (1, " + M"), "adam": (2, " + M + v")}  # fmt: skip
+
 OFFSET_BLOCK = 1 << 16  # offset16: 16-bit offsets inside 64Ki-entry blocks, 4-byte counts
 
 
@@ -67,6 +71,11 @@ def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
     else:
         options = variant.options
     kind, chunk = options.get("reading"), options.get("chunk", 64)
+    if kind == "dgc":  # every rank's own values and int32 indices, all-gathered: grows with W
+        sent = rho * n * (VALUE_BYTES + 4) * w
+        memory = 4 * FP32 * n
+        return ReadingCost(ring_bytes_per_rank(sent, w), ring_bytes_per_rank(rho * n * 4 * w, w),
+                           memory, "local u and v + replicated m and fp32 main params")  # fmt: skip
     if kind == "local" or (kind == "owner" and options.get("basis") == "dct"):
         index_bits = max(1, math.ceil(math.log2(chunk)))
         if options.get("scope") == "shard":
@@ -93,7 +102,5 @@ def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
 
 def _local_memory(options: dict, n: int) -> tuple[float, str]:
     """Local moment (every entry) + replicated fp32 main params + the update's own state."""
-    update = options.get("update", "rms")
-    state = {"sign": 0, "rms": 1, "adams": 1, "adam": 2}[update]
-    names = {"sign": "", "rms": " + v", "adams": " + M", "adam": " + M + v"}[update]
+    state, names = UPDATE_STATE[options.get("update", "rms")]
     return FP32 * n * (2 + state), f"local moment + replicated fp32 main params{names}"

@@ -16,6 +16,11 @@ They share the simulator's model and parameter bookkeeping and replace only its 
   stale   R3: the owner updates its whole shard every step (mean gradient on the mask, its
           own local gradient off it) and only masked parameters are sent, so the other
           replicas are stale by a bounded age.
+  dgc     not a reading: the DGC-style peer (scape/peers/dgc.py) on the same simulator, so
+          SCAPE can be compared with it at the study's horizons. Every rank keeps its own
+          accumulated gradient (momentum correction, error feedback), sends its own top-k
+          entries per shard with their indices (all-gathered), and every rank applies the
+          same dense AdamS to the mean of what arrived.
 
 Flat buffers are padded so every shard is a whole number of chunks: shard j of the single
 bucket is [j*S, (j+1)*S), S = n_chunks_per_shard * C, and chunk i belongs to shard i // (S/C).
@@ -39,6 +44,7 @@ from scape.simulate import Simulator, StepResult, clip_coefficient
 __all__ = [
     "READINGS",
     "ChunkBasis",
+    "DGCSimulator",
     "LocalMomentSimulator",
     "OwnerMomentSimulator",
     "ReadingConfig",
@@ -46,7 +52,7 @@ __all__ = [
     "build_reading_simulator",
 ]
 
-READINGS = ("owner", "local", "stale")
+READINGS = ("owner", "local", "stale", "dgc")
 UPDATES = ("sign", "rms", "adam", "adams", "adams_coef")
 
 
@@ -106,6 +112,8 @@ class ReadingConfig:
     age_cap: int = 100
     # stale (R3)
     age_weight: float = 0.1
+    # dgc: DGC's momentum correction u <- mc * u + g before accumulation (0: none)
+    momentum_correction: float = 0.9
 
     def __post_init__(self) -> None:
         if self.reading not in READINGS:
@@ -122,6 +130,8 @@ class ReadingConfig:
             raise ValueError(f"mask_owner={self.mask_owner!r}")
         if self.scope not in ("chunk", "shard"):
             raise ValueError(f"scope={self.scope!r}: use chunk or shard")
+        if not 0.0 <= self.momentum_correction < 1.0:
+            raise ValueError(f"momentum_correction={self.momentum_correction} must be in [0, 1)")
 
 
 class _ChunkedSimulator(Simulator):
@@ -468,10 +478,78 @@ class StaleReplicaSimulator(_ChunkedSimulator):
         return StepResult(t, loss, float(norm), False, bytes_)
 
 
+class DGCSimulator(_ChunkedSimulator):
+    """DGC-style top-k of each rank's own accumulated gradient (the peer baseline of
+    scape/peers/dgc.py, as its hook does per bucket, here per shard of the flat buffer):
+
+        u_r <- mc * u_r + g_r;  v_r <- v_r + u_r          (v_r <- v_r + g_r when mc = 0)
+        I_r = top-k |v_r| per shard;  all-gather (I_r as int32, v_r[I_r])
+        g = sum_r scatter(I_r, v_r[I_r]) / W;  v_r[I_r] = 0, u_r[I_r] = 0
+        clip g, dense AdamS with it on every rank (identical replicas, no param all-gather)
+
+    Identity basis, chunk 0 (one chunk per shard)."""
+
+    def _init_scape(self, layout: FlatLayout | None) -> None:
+        super()._init_scape(layout)
+        if self.reading.basis != "identity":
+            raise ValueError("the DGC peer works in the identity basis (basis=identity)")
+        total, W = self.layout.total, self.world_size
+        self.u = torch.zeros(W, total)  # momentum correction
+        self.v = torch.zeros(W, total)  # accumulated, not yet sent
+        self.m = torch.zeros(total)  # AdamS's first moment, the same on every rank
+
+    def _dgc_bytes(self, dense: bool) -> dict[str, float]:
+        W = self.world_size
+        if dense:  # the warm-up step: a plain mean-reduce of every entry
+            return self._shared_bytes(True)
+        n_values = W * self.n_chunks * self.k  # every rank's selection, all-gathered
+        return {
+            GRAD_VALUES: ring_bytes_per_rank(n_values * 4, W),
+            PARAM_VALUES: 0.0,
+            MASKS: ring_bytes_per_rank(n_values * 4, W),  # int32 indices, as the hook sends
+            SCALARS: 0.0,
+        }
+
+    def _scape_step(self, grads, loss: float, lr: float) -> StepResult:
+        r, W, hp = self.reading, self.world_size, self.hp
+        t = self.step_count + 1
+        self.step_count = t
+        fresh = self._flat_grads(grads)  # (W, total)
+        dense = t <= r.dense_warmup_steps
+        bytes_ = self._dgc_bytes(dense)
+        if not bool(torch.isfinite(fresh).all()):
+            return StepResult(t, loss, float("nan"), True, bytes_)
+        if r.momentum_correction:
+            self.u.mul_(r.momentum_correction).add_(fresh)
+            self.v.add_(self.u)
+        else:
+            self.v.add_(fresh)
+        if dense:
+            g = self.v.mean(0)
+            self.v.zero_()
+            self.u.zero_()
+        else:
+            v = self.v.view(W, self.n_chunks, -1)
+            idx = v.abs().topk(self.k, dim=-1, sorted=False).indices  # (W, n_chunks, k)
+            sent = torch.zeros_like(v).scatter_(-1, idx, v.gather(-1, idx))
+            g = sent.mean(0).view(-1)
+            v.scatter_(-1, idx, 0.0)
+            self.u.view(W, self.n_chunks, -1).scatter_(-1, idx, 0.0)
+        norm = g.double().square().sum().sqrt().float()
+        coeff = clip_coefficient(norm, hp.max_grad_norm)
+        if coeff is not None:
+            g = g * coeff
+        self._decay_params(lr)
+        adams_update_(self.flat_param, self.m, g, step=t, lr=lr, beta1=hp.betas[0],
+                      beta2=hp.betas[1], eps=hp.eps)  # fmt: skip
+        return StepResult(t, loss, float(norm), False, bytes_)
+
+
 def build_reading_simulator(model, world_size: int, hparams, reading: ReadingConfig) -> Simulator:
     cls = {
         "local": LocalMomentSimulator,
         "owner": OwnerMomentSimulator,
         "stale": StaleReplicaSimulator,
+        "dgc": DGCSimulator,
     }[reading.reading]
     return cls(model, world_size, hparams=hparams, reading=reading)

@@ -41,6 +41,12 @@ def test_costs_at_the_paper_shape() -> None:
     assert scape99.bytes_per_step == pytest.approx((4 * n / 100 + n / 100 * 7 / 8) * 31 / 32)
     assert dense.bytes_per_step / scape99.bytes_per_step > 80
     assert scape99.memory == pytest.approx(3 * 4 * n)  # moment, fp32 params, second moment
+    dgc = {"reading": "dgc", "basis": "identity", "chunk": 0, "k": 0, "density": 0.01}
+    dgc99 = reading_cost(VariantSpec(method="reading", options=dgc), n, w)
+    # every rank's n / 100 bf16 values and int32 indices, all-gathered to all 32 ranks
+    assert dgc99.bytes_per_step == pytest.approx(n / 100 * 6 * 32 * 31 / 32)
+    assert dgc99.mask_bytes == pytest.approx(n / 100 * 4 * 32 * 31 / 32)
+    assert dgc99.bytes_per_step > 30 * scape99.bytes_per_step  # it grows with W, SCAPE's not
 
 
 def test_overview_row_per_reading_with_gaps_per_horizon_and_costs() -> None:

@@ -14,7 +14,9 @@ from pipelines.studies.readings import (
     ReadingConfig,
     build_reading_simulator,
 )
+from scape.adams import adams_update_
 from scape.basis import dct_matrix
+from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
 from scape.simulate import OptimizerHParams, Simulator
 
 W = 3
@@ -129,6 +131,51 @@ def test_unknown_update_is_named_with_the_choices() -> None:
         ValueError, match="update='adamz': use one of sign, rms, adam, adams, adams_coef"
     ):
         ReadingConfig(update="adamz")
+
+
+def test_dgc_sending_everything_is_dense_adams_and_counts_its_indices() -> None:
+    """The DGC peer at density 1 without momentum correction is dense AdamS (clipping
+    included); at 1% every rank's values and int32 indices are all-gathered."""
+    adams = Simulator(_model(), W, method="adams", hparams=HP)
+    full = ReadingConfig(reading="dgc", basis="identity", chunk=0, k=0, density=1.0,
+                         momentum_correction=0.0, dense_warmup_steps=0)  # fmt: skip
+    dgc = build_reading_simulator(_model(), W, HP, full)
+    for t in range(8):
+        a, b = adams.step(_batches(t), _loss), dgc.step(_batches(t), _loss)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+    n = sum(p.numel() for p in adams.params)
+    assert torch.allclose(_params(dgc)[:n], _params(adams), atol=1e-5)
+    sparse = build_reading_simulator(
+        _model(), W, HP, ReadingConfig(reading="dgc", basis="identity", chunk=0, k=0,
+                                       density=0.01, dense_warmup_steps=0))  # fmt: skip
+    res = sparse.step(_batches(0), _loss)
+    per_rank_values = sparse.n_chunks * sparse.k  # one top-k per shard
+    expected = W * per_rank_values * 4 * (W - 1) / W
+    assert res.bytes[GRAD_VALUES] == expected == res.bytes[MASKS]
+    assert res.bytes[PARAM_VALUES] == 0.0
+    assert sparse.k == 2  # ceil(0.01 * 135): 403 parameters in 3 shards of 135
+
+
+def test_dgc_sends_each_ranks_top_k_keeps_the_rest_and_steps_adams_on_the_mean() -> None:
+    """Per rank and shard the k largest |accumulated| entries are sent and emptied, the
+    others kept (error feedback); every rank applies AdamS to the mean of what was sent."""
+    hp = OptimizerHParams(lr=1e-2, weight_decay=0.0)
+    cfg = ReadingConfig(reading="dgc", basis="identity", chunk=0, k=0, density=0.05,
+                        momentum_correction=0.0, dense_warmup_steps=0)  # fmt: skip
+    sim = build_reading_simulator(_model(), W, hp, cfg)
+    for t in range(4):
+        grads, _ = sim.worker_grads(_batches(t), _loss)
+        acc = sim.v + sim._flat_grads(grads)  # (W, total)
+        param, m = sim.flat_param.clone(), sim.m.clone()
+        sim.step(_batches(t), _loss)
+        per_shard = acc.abs().view(W, sim.n_chunks, -1)
+        kth = per_shard.topk(sim.k, dim=-1).values[..., -1:]
+        sent = (per_shard >= kth).view(W, -1)
+        assert int(sent.sum()) == W * sim.n_chunks * sim.k
+        assert torch.equal(sim.v, torch.where(sent, 0.0, acc))
+        adams_update_(param, m, (acc * sent).mean(0), step=t + 1, lr=hp.lr,
+                      beta1=hp.betas[0], beta2=hp.betas[1], eps=hp.eps)  # fmt: skip
+        assert torch.allclose(sim.flat_param, param, atol=1e-6)
 
 
 def test_local_moments_conserve_gradient_mass_and_share_the_owners_mask() -> None:
