@@ -8,24 +8,29 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
 * The reading: R6 (local first moments read in a chunked DCT, one shared all-reduce, every
   rank decodes and steps) replaced R0 (sparse reduce-scatter of masked gradients, masked
   AdamS on the owner, frozen entries off the mask): at 99% sparsity R0 trails dense AdamS by
-  +32% (Llama) / +14% (GPT) over 3 seeds even at its own best lr (x4), the library step by
-  +6.3% / +1.8%, and by +2.5% / +3.1% at 3,000 steps (R0's gap does not close with
-  training, R6's does on Llama). At 90% the library step is within 1% at 1,500 steps
+  +32% (Llama) / +14% (GPT) over 3 seeds even at its own best lr (x4 / x8), the library step by
+  +6.3% / +1.8%, and by +2.5% / +3.1% at 3,000 steps (R0's gap grows with training,
+  R6's shrinks on Llama). At 90% the library step is within 1% at 1,500 steps
   (-0.9% / -4.7%, each at its best lr), R0 +14% / +0.3%. At 300 steps every
   reading that freezes or estimates unsent entries (R0, R1, R3, R4, R5) is at least +13%
-  (Llama, 99%) behind.
+  (Llama, 99%) behind. DGC-style top-k on the same simulator, at its own best lr, trails
+  by +10.1% / +12.6% at 99% (3 seeds) for 3.4x the library step's bytes.
 * update="rms" over "sign": with seed 0 and lr 3e-3 neither wins on both models (rms
   4.207 / 5.003 at 99%, sign 4.420 / 4.844; at 90% rms 4.072 / 4.790, sign 4.129 / 4.490);
   over 3 seeds at 99% the library's sign step trails by +9.5% / +1.5% against rms's +6.3% /
-  +1.8% (sign at x1, untuned); rms is C4 read closely (a second moment rebuilt from the one
-  buffer). Feeding q to AdamS's own rule instead trails by +25% (Llama, 99%, 300 steps).
+  +1.8% (sign at x1, its best of x0.5-x2), and sign's gap grows from 1,500 to 3,000 steps
+  (+9.7% / +5.5%) where rms's shrinks (+2.5% / +3.1%); rms is C4 read closely (a second
+  moment rebuilt from the one buffer). Open: on a 2.0M-parameter Llama (1,500 steps, 2
+  seeds, lrs not re-tuned) sign is ahead, +2.0% against +5.6%. Feeding q to AdamS's own rule
+  instead trails by +25% (Llama, 99%, 300 steps), and +33% with AdamS per DCT coefficient.
 * moment_beta=0.999: the issue's probes (sign step, 1,500 steps: beta 0.9 / 0.95 / 0.99 /
   0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143).
 * chunk=100: k = 1 or 10 is exactly 99% or 90% of the values, and an offset is one byte.
 * second_moment_beta=0.95: the study's AdamS beta2; not tuned.
 * dense_warmup_steps=1: 75 dense steps (5% of 1,500) gave 4.213 against 4.393 (seed 0,
-  lr 3e-3, 99%), but they send every value for 5% of the run, so the run's average density
-  is 6%, not 1% (C5), and one seed does not resolve 4% (results/quality/README.md, "Noise").
+  lr 3e-3, 99%; at the best lr x0.5: 4.273 vs 4.299 on Llama, 4.763 vs 4.928 on GPT), but
+  they send every value for 5% of the run, so the run's average density is 6%, not 1%
+  (C5), and one seed does not resolve a few percent (results/quality/README.md, "Noise").
 * lr: the library step's best lr at 99% was half the study's 3e-3 on both models (Llama
   x0.25 / x0.5 / x1 / x2: 4.749 / 4.299 / 4.393 / 4.821), as for dense AdamS on Llama.
 """
