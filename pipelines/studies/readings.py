@@ -38,7 +38,7 @@ from scape.adams import adams_update_
 from scape.basis import dct_matrix
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, SCALARS, ring_bytes_per_rank
 from scape.layout import FlatLayout
-from scape.peers.dgc import num_selected  # R0's k per shard: the same rule as DGC's
+from scape.peers.dgc import accumulate_and_select_, num_selected
 from scape.simulate import Simulator, StepResult, clip_coefficient
 
 __all__ = [
@@ -480,7 +480,7 @@ class StaleReplicaSimulator(_ChunkedSimulator):
 
 class DGCSimulator(_ChunkedSimulator):
     """DGC-style top-k of each rank's own accumulated gradient (the peer baseline of
-    scape/peers/dgc.py, as its hook does per bucket, here per shard of the flat buffer):
+    scape/peers/dgc.py: its own accumulate_and_select_, called per shard here, per bucket there):
 
         u_r <- mc * u_r + g_r;  v_r <- v_r + u_r          (v_r <- v_r + g_r when mc = 0)
         I_r = top-k |v_r| per shard;  all-gather (I_r as int32, v_r[I_r])
@@ -519,22 +519,15 @@ class DGCSimulator(_ChunkedSimulator):
         bytes_ = self._dgc_bytes(dense)
         if not bool(torch.isfinite(fresh).all()):
             return StepResult(t, loss, float("nan"), True, bytes_)
-        if r.momentum_correction:
-            self.u.mul_(r.momentum_correction).add_(fresh)
-            self.v.add_(self.u)
-        else:
-            self.v.add_(fresh)
-        if dense:
-            g = self.v.mean(0)
-            self.v.zero_()
-            self.u.zero_()
-        else:
-            v = self.v.view(W, self.n_chunks, -1)
-            idx = v.abs().topk(self.k, dim=-1, sorted=False).indices  # (W, n_chunks, k)
-            sent = torch.zeros_like(v).scatter_(-1, idx, v.gather(-1, idx))
-            g = sent.mean(0).view(-1)
-            v.scatter_(-1, idx, 0.0)
-            self.u.view(W, self.n_chunks, -1).scatter_(-1, idx, 0.0)
+        shape = (W, self.n_chunks, -1)
+        v = self.v.view(shape)
+        u = self.u.view(shape) if r.momentum_correction else None
+        # The dense warm-up sends every entry: the same rule with k = the whole shard.
+        k = v.shape[-1] if dense else self.k
+        idx, picked = accumulate_and_select_(
+            v, u, fresh.view(shape), r.momentum_correction, k, torch.float32
+        )  # (W, n_chunks, k) each
+        g = torch.zeros_like(v).scatter_(-1, idx, picked).mean(0).view(-1)
         norm = g.double().square().sum().sqrt().float()
         coeff = clip_coefficient(norm, hp.max_grad_norm)
         if coeff is not None:

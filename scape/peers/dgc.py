@@ -29,7 +29,7 @@ from scape.comm import GRAD_VALUES, MASKS, ByteCounter, ring_bytes_per_rank
 from scape.peers.buckets import ParamBuffers, ddp_comm_hook
 from scape.shard import WIRE_DTYPES
 
-__all__ = ["DGCConfig", "DGCHook", "num_selected"]
+__all__ = ["DGCConfig", "DGCHook", "accumulate_and_select_", "num_selected"]
 
 
 def num_selected(size: int, density: float) -> int:
@@ -43,6 +43,33 @@ def num_selected(size: int, density: float) -> int:
     if not 0.0 < density <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density}")
     return min(size, max(1, math.ceil(round(density * size, 6))))
+
+
+def accumulate_and_select_(
+    v: Tensor, u: Tensor | None, grad: Tensor, momentum: float, k: int, wire_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """DGC's local rule, in place, over the last dim of shapes (..., n): accumulate ``grad``,
+    pick each row's top-k of |v|, leave behind what the wire cannot carry. Returns
+    (idx (..., k) int64, distinct per row; the picked values (..., k) in ``wire_dtype``).
+
+    ``u`` is the corrected momentum (None when momentum == 0), ``v`` the accumulated,
+    not-yet-sent gradient. The hook calls it per bucket (n,) and the quality study's
+    simulator per shard (W, n_shards, n): one rule, so the two cannot drift apart.
+    """
+    if u is not None:
+        u.mul_(momentum).add_(grad)
+        v.add_(u)
+    else:
+        v.add_(grad)
+    idx = v.abs().topk(k, dim=-1, sorted=False).indices
+    picked = v.gather(-1, idx)
+    wire = picked.to(wire_dtype)
+    # Exactly 0 on an fp32 wire, the rounding error on bf16: sent + residual is always the
+    # accumulated input.
+    v.scatter_(-1, idx, picked - wire.float())
+    if u is not None:
+        u.scatter_(-1, idx, 0.0)  # momentum factor masking
+    return idx, wire
 
 
 @dataclass(frozen=True)
@@ -94,20 +121,10 @@ class DGCHook:
         grad = bucket.buffer()  # (n,) this rank's local gradient, DDP's flat bucket
         bufs = state.buffers.get(bucket)
         v, u = bufs["v"], bufs.get("u")  # (n,) fp32: accumulated-not-sent, corrected momentum
-        if u is not None:
-            u.mul_(state.cfg.momentum).add_(grad)
-            v.add_(u)
-        else:
-            v.add_(grad)
         k = num_selected(v.numel(), state.cfg.density)
-        idx = torch.topk(v.abs(), k, sorted=False).indices  # (k,) int64, distinct
-        picked = v[idx]
-        wire = picked.to(WIRE_DTYPES[state.cfg.value_dtype])  # (k,)
-        # What the wire could not carry stays behind: exactly 0 in fp32, the rounding error
-        # in bf16, so sent + residual is always the accumulated input.
-        v[idx] = picked - wire.float()
-        if u is not None:
-            u[idx] = 0.0  # momentum factor masking
+        idx, wire = accumulate_and_select_(
+            v, u, grad, state.cfg.momentum, k, WIRE_DTYPES[state.cfg.value_dtype]
+        )  # (k,) int64, (k,) wire dtype
 
         W, group = state.world_size, state.process_group
         all_idx = torch.empty(W * k, dtype=torch.int32, device=v.device)

@@ -7,7 +7,7 @@ from peers_common import FakeBucket, digest, split, weights_only_round_trip
 
 from scape.comm import GRAD_VALUES, MASKS, ring_bytes_per_rank
 from scape.peers import DGCConfig, DGCHook
-from scape.peers.dgc import num_selected
+from scape.peers.dgc import accumulate_and_select_, num_selected
 
 N, STEPS = 1000, 4
 SHAPES = [(30, 20), (20,), (10, 30)]  # bucket 0 holds the first two, bucket 1 the third
@@ -212,3 +212,27 @@ def test_ddp_training_stays_identical_across_ranks(two):
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DGCConfig(**kwargs)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_batched_rule_equals_the_hooks_per_bucket_rule_bit_for_bit(momentum):
+    """The quality study's simulator calls the rule on (W, n_shards, n) at once, the hook on
+    one (n,) bucket at a time: both must leave the same state and pick the same values."""
+    W, shards, n, k, dtype = 3, 4, 50, 5, torch.bfloat16
+    v, u = torch.zeros(W, shards, n), torch.zeros(W, shards, n) if momentum else None
+    rows = [(torch.zeros(n), torch.zeros(n) if momentum else None) for _ in range(W * shards)]
+    for step in range(3):
+        grad = _grad(0, step, W * shards * n).view(W, shards, n)
+        idx, wire = accumulate_and_select_(v, u, grad, momentum, k, dtype)
+        for j, (v_row, u_row) in enumerate(rows):
+            row_idx, row_wire = accumulate_and_select_(
+                v_row, u_row, grad.view(-1, n)[j], momentum, k, dtype
+            )
+            got = idx.view(-1, k)[j]
+            order, row_order = got.argsort(), row_idx.argsort()  # sorted=False: any order
+            assert torch.equal(got[order], row_idx[row_order])
+            assert torch.equal(wire.view(-1, k)[j][order], row_wire[row_order])
+            assert torch.equal(v.view(-1, n)[j], v_row)
+            if momentum:
+                assert torch.equal(u.view(-1, n)[j], u_row)
+                assert torch.equal(u.view(-1, n)[j][got], torch.zeros(k))
