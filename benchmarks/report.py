@@ -359,7 +359,9 @@ def projection_section(p: dict[str, Any] | None) -> list[str]:
 
 
 def peers_section(peers_dir: Path) -> list[str]:
-    """The peers study's table (same model, data, ranks and schedule as one another)."""
+    """The peers study's tables (same model, data, ranks and schedule as one another): the
+    re-run with the library's current step first (``r6/``, losses and bytes), then the first
+    sweep, whose SCAPE rows are the previous step but whose step times cover every method."""
     table = peers_dir / "peers.md"
     if not table.is_file():
         return ["Not run yet: `make bench-peers-cluster`, then `make peers-study`."]
@@ -369,18 +371,32 @@ def peers_section(peers_dir: Path) -> list[str]:
         run_loads = [x for r in doc.get("runs", []) for x in (r.get("loadavg") or [])]
         if run_loads:
             loads.append(f"{doc['link']['label']}: {min(run_loads):.1f}-{max(run_loads):.1f}")
-    return [
+    lines = [
         "Whole pretrain-stage runs of `experiment=peers_gpt345m_owt scale=tiny` (tiny GPT, 2 gloo "
-        "ranks); step times from `make bench-peers-cluster`, losses and bytes from `make "
-        "peers-study`. Details and the figure: [results/peers/README.md](../peers/README.md). "
-        + (
-            f"1-min load average over the step-time runs (before/after each): {'; '.join(loads)}."
-            if loads
-            else ""
-        ),  # fmt: skip
+        "ranks); losses and bytes from `make peers-study`, step times from `make "
+        "bench-peers-cluster`. Details and the figures: [results/peers/README.md]"
+        "(../peers/README.md).",
         "",
-        *table.read_text().rstrip("\n").splitlines(),
     ]
+    current = peers_dir / "r6" / "peers.md"
+    if current.is_file():
+        lines += [
+            "With the library's SCAPE step (reading R6 of issue 13), losses and bytes "
+            "(`results/peers/r6/`; step times not measured for this sweep):",
+            "",
+            *current.read_text().rstrip("\n").splitlines(),
+            "",
+            "The first sweep, whose SCAPE rows are the previous step (R0), with step times"
+            + (f" (1-min load before/after each run: {'; '.join(loads)})" if loads else "")
+            + ":",
+            "",
+        ]
+    elif loads:
+        lines += [
+            f"1-min load average over the step-time runs (before/after each): {'; '.join(loads)}.",
+            "",
+        ]
+    return lines + table.read_text().rstrip("\n").splitlines()
 
 
 def break_even_section(bench_dir: Path) -> list[str]:

@@ -124,3 +124,16 @@ def test_overhead_section_shows_the_earlier_commit_below_the_current():
     assert text.index("674 (pack 337") < text.index("at commit old5678") < text.index("2908 (pack")
     alone = "\n".join(overhead_section(_overhead_doc(0.674, "new1234"), None)[0])
     assert "before the CPU-work cut" not in alone
+
+
+def test_peers_section_puts_the_current_steps_sweep_above_the_first(tmp_path):
+    """The re-run with the library's step leads; the first sweep follows with its loads."""
+    (tmp_path / "peers.md").write_text("| method | loss |\n|---|---|\n| SCAPE-99 | 7.42 |\n")
+    doc = {"link": {"label": "1gbit"}, "runs": [{"loadavg": [0.6, 2.7]}]}
+    (tmp_path / "cluster.json").write_text(json.dumps(doc))
+    assert "7.42" in "\n".join(report.peers_section(tmp_path))
+    (tmp_path / "r6").mkdir()
+    (tmp_path / "r6" / "peers.md").write_text("| method | loss |\n|---|---|\n| SCAPE-99 | 7.08 |\n")
+    text = "\n".join(report.peers_section(tmp_path))
+    assert text.index("7.08") < text.index("previous step (R0)") < text.index("7.42")
+    assert "1gbit: 0.6-2.7" in text
