@@ -189,22 +189,23 @@ class Simulator:
         """Each worker's fresh gradient (per param) on its own batch, and the mean loss."""
         if len(batches) != self.world_size:
             raise ValueError(f"need one batch per worker: got {len(batches)}, W={self.world_size}")
-        grads, losses = [], []
-        for batch in batches:
-            for p in self.params:
-                p.grad = None
-            loss = loss_fn(self.model, batch)
-            loss.backward()
-            grads.append(
-                [
-                    p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                    for p in self.params
-                ]
-            )
-            losses.append(float(loss.detach()))
+        grads, losses = zip(*(self._grad_on(batch, loss_fn) for batch in batches), strict=True)
+        return list(grads), sum(losses) / len(losses)
+
+    def _grad_on(self, batch: Any, loss_fn: LossFn) -> tuple[list[Tensor], float]:
+        """The gradient (per param; zeros where none flows) and loss of the model as it is now
+        on one batch; ``.grad`` is left cleared."""
         for p in self.params:
             p.grad = None
-        return grads, sum(losses) / len(losses)
+        loss = loss_fn(self.model, batch)
+        loss.backward()
+        grads = [
+            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for p in self.params
+        ]
+        for p in self.params:
+            p.grad = None
+        return grads, float(loss.detach())
 
     def step(
         self, batches: Sequence[Any], loss_fn: LossFn, *, lr: float | None = None

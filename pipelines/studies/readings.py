@@ -403,19 +403,9 @@ class StaleReplicaSimulator(_ChunkedSimulator):
         grads, losses = [], []
         for w, batch in enumerate(batches):
             self.flat_param.copy_(self.replicas[w])
-            for p in self.params:
-                p.grad = None
-            loss = loss_fn(self.model, batch)
-            loss.backward()
-            grads.append(
-                [
-                    p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                    for p in self.params
-                ]
-            )
-            losses.append(float(loss.detach()))
-        for p in self.params:
-            p.grad = None
+            g, loss = self._grad_on(batch, loss_fn)
+            grads.append(g)
+            losses.append(loss)
         self.flat_param.copy_(self._owner_view())  # evaluation sees the owners' values
         return grads, sum(losses) / len(losses)
 
