@@ -20,11 +20,10 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
   over 3 seeds at 99% the library's sign step trails by +9.5% / +1.5% against rms's +6.3% /
   +1.8% (sign at x1, its best of x0.5-x2), and sign's gap grows from 1,500 to 3,000 steps
   (+9.7% / +5.5%) where rms's shrinks (+2.5% / +3.1%); rms is C4 read closely (a second
-  moment rebuilt from the one buffer). Open: on a 2.0M-parameter Llama (1,500 steps, 2
-  seeds, the small model's lrs) sign is ahead, +2.0% against +5.6%, but there both dense
-  AdamS and rms prefer lr x0.25 (seed 0: 4.010 and 4.093, rms +2.1%): the lr, not the
-  update, may decide it. Feeding q to AdamS's own rule instead trails by +25% (Llama, 99%,
-  300 steps), and +33% with AdamS per DCT coefficient.
+  moment rebuilt from the one buffer). On a 2.0M-parameter Llama (1,500 steps, 2 seeds,
+  every method at its own best lr there) rms stays ahead: +8.1% against sign's +10.2% (dense
+  AdamS 3.762 at x0.125; rms at x0.25, sign at x0.5). Feeding q to AdamS's own rule
+  instead trails by +25% (Llama, 99%, 300 steps), and +33% with AdamS per DCT coefficient.
 * moment_beta=0.999: the issue's probes (sign step, 1,500 steps: beta 0.9 / 0.95 / 0.99 /
   0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143).
 * chunk=100: k = 1 or 10 is exactly 99% or 90% of the values, and an offset is one byte.
