@@ -27,8 +27,9 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
 * moment_beta=0.999: the issue's probes (sign step, 1,500 steps: beta 0.9 / 0.95 / 0.99 /
   0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143). Open:
   in the study (SCAPE-99 at lr x0.5, 1,500 steps, 3 seeds) 0.99 beat 0.999 in all six paired
-  seeds by 0.4-3.3% (gap to dense AdamS +5.2% / +0.0% against +6.3% / +1.8%); not adopted
-  until its own lr grid and its 3,000-step and 2.0M runs are in. Beta 1 (pure error
+  seeds by 0.4-3.3% (gap to dense AdamS +5.2% / +0.0% against +6.3% / +1.8%), and its own
+  lr grid (seed 0) moves Llama's best to x1 (4.229); not adopted until its other seeds
+  there and its 3,000-step and 2.0M runs are in. Beta 1 (pure error
   feedback): 4.325 / 4.796 against the default's 4.299 / 4.928 (seed 0).
 * chunk=100: k = 1 or 10 is exactly 99% or 90% of the values, and an offset is one byte
   (chunks of 200 with k = 2, seed 0: 4.292 / 5.060).
