@@ -386,12 +386,10 @@ def peers_section(peers_dir: Path) -> list[str]:
             "",
             *current.read_text().rstrip("\n").splitlines(),
             "",
-            "The first sweep, whose SCAPE rows are the previous step (R0), with step times"
-            + (f" (1-min load before/after each run: {'; '.join(loads)})" if loads else "")
-            + ":",
+            "The first sweep, whose SCAPE rows are the previous step (R0), with step times:",
             "",
         ]
-    elif loads:
+    if loads:
         lines += [
             f"1-min load average over the step-time runs (before/after each): {'; '.join(loads)}.",
             "",

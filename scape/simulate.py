@@ -189,8 +189,15 @@ class Simulator:
         """Each worker's fresh gradient (per param) on its own batch, and the mean loss."""
         if len(batches) != self.world_size:
             raise ValueError(f"need one batch per worker: got {len(batches)}, W={self.world_size}")
-        grads, losses = zip(*(self._grad_on(batch, loss_fn) for batch in batches), strict=True)
+        grads, losses = zip(
+            *(self._worker_grad(w, batch, loss_fn) for w, batch in enumerate(batches)), strict=True
+        )
         return list(grads), sum(losses) / len(losses)
+
+    def _worker_grad(self, worker: int, batch: Any, loss_fn: LossFn) -> tuple[list[Tensor], float]:
+        """Worker ``worker``'s gradient. Every replica is the one model here; a reading whose
+        replicas drift loads the worker's own before computing."""
+        return self._grad_on(batch, loss_fn)
 
     def _grad_on(self, batch: Any, loss_fn: LossFn) -> tuple[list[Tensor], float]:
         """The gradient (per param; zeros where none flows) and loss of the model as it is now

@@ -398,16 +398,13 @@ class StaleReplicaSimulator(_ChunkedSimulator):
 
     def worker_grads(self, batches, loss_fn):
         """Each worker's gradient, computed on its own (partly stale) replica."""
-        if len(batches) != self.world_size:
-            raise ValueError(f"need one batch per worker: got {len(batches)}")
-        grads, losses = [], []
-        for w, batch in enumerate(batches):
-            self.flat_param.copy_(self.replicas[w])
-            g, loss = self._grad_on(batch, loss_fn)
-            grads.append(g)
-            losses.append(loss)
+        result = super().worker_grads(batches, loss_fn)
         self.flat_param.copy_(self._owner_view())  # evaluation sees the owners' values
-        return grads, sum(losses) / len(losses)
+        return result
+
+    def _worker_grad(self, worker: int, batch, loss_fn) -> tuple[list[Tensor], float]:
+        self.flat_param.copy_(self.replicas[worker])
+        return self._grad_on(batch, loss_fn)
 
     def _owner_view(self) -> Tensor:
         S = self.layout.total // self.world_size
@@ -484,7 +481,8 @@ class DGCSimulator(_ChunkedSimulator):
         if self.reading.basis != "identity":
             raise ValueError("the DGC peer works in the identity basis (basis=identity)")
         total, W = self.layout.total, self.world_size
-        self.u = torch.zeros(W, total)  # momentum correction
+        # the corrected momentum; none to keep without momentum correction
+        self.u = torch.zeros(W, total) if self.reading.momentum_correction else None
         self.v = torch.zeros(W, total)  # accumulated, not yet sent
         self.m = torch.zeros(total)  # AdamS's first moment, the same on every rank
 
@@ -511,7 +509,7 @@ class DGCSimulator(_ChunkedSimulator):
             return StepResult(t, loss, float("nan"), True, bytes_)
         shape = (W, self.n_chunks, -1)
         v = self.v.view(shape)
-        u = self.u.view(shape) if r.momentum_correction else None
+        u = None if self.u is None else self.u.view(shape)
         # The dense warm-up sends every entry: the same rule with k = the whole shard.
         k = v.shape[-1] if dense else self.k
         idx, picked = accumulate_and_select_(
