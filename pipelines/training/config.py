@@ -72,14 +72,15 @@ class ScapeOptions:
     which are inferred); the defaults are the library's, settled by the reconstruction search.
     """
 
+    # The library's defaults, read from ScapeConfig so that the two cannot drift apart.
     sparsity: float = 0.99
-    chunk: int = 100
-    moment_beta: float = 0.999
-    update: str = "rms"
-    second_moment_beta: float = 0.95
-    dense_warmup_steps: int = 1
-    value_dtype: str = "float32"
-    fuse_buckets: bool = False
+    chunk: int = ScapeConfig.chunk
+    moment_beta: float = ScapeConfig.moment_beta
+    update: str = ScapeConfig.update
+    second_moment_beta: float = ScapeConfig.second_moment_beta
+    dense_warmup_steps: int = ScapeConfig.dense_warmup_steps
+    value_dtype: str = ScapeConfig.value_dtype
+    fuse_buckets: bool = ScapeConfig.fuse_buckets
 
     def to_scape_config(self) -> ScapeConfig:
         fields = {k: v for k, v in vars(self).items() if k not in ("sparsity", "chunk")}
