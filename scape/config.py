@@ -25,12 +25,13 @@ W = 4, 1,500 steps, val loss; gaps paired against dense AdamS, each at its best 
   AdamS 3.762 at x0.125; rms at x0.25, sign at x0.5). Feeding q to AdamS's own rule
   instead trails by +25% (Llama, 99%, 300 steps), and +33% with AdamS per DCT coefficient.
 * moment_beta=0.999: the issue's probes (sign step, 1,500 steps: beta 0.9 / 0.95 / 0.99 /
-  0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143). Open:
-  in the study (SCAPE-99 at lr x0.5, 1,500 steps, 3 seeds) 0.99 beat 0.999 in all six paired
-  seeds by 0.4-3.3% (gap to dense AdamS +5.2% / +0.0% against +6.3% / +1.8%), and its own
-  lr grid (seed 0) moves Llama's best to x1 (4.229); not adopted until its other seeds
-  there and its 3,000-step and 2.0M runs are in. Beta 1 (pure error
-  feedback): 4.325 / 4.796 against the default's 4.299 / 4.928 (seed 0).
+  0.999 gave 4.364 / 4.306 / 4.221 / 4.247; rms step beta 0.999 4.098 vs 0.99 4.143). In
+  the study 0.99 helps SCAPE-99 only at the default's lr: at x0.5 it beat 0.999 in all six
+  paired seeds (gap +5.2% / +0.0% against +6.3% / +1.8%), but its own lr grid picks x1 on
+  Llama (seed 0: 4.229), where seeds 1-2 end at 4.550 / 4.386 (gap +7.7% against +6.3%
+  over 3 seeds). At 90% it is no better (seed 0: 4.051 / 4.562 against 4.039 / 4.557).
+  Kept at 0.999: one default for both sparsities, and neither beta meets the 99% target on
+  Llama. Beta 1 (pure error feedback): 4.325 / 4.796 against 4.299 / 4.928 (seed 0).
 * chunk=100: k = 1 or 10 is exactly 99% or 90% of the values, and an offset is one byte
   (chunks of 200 with k = 2, seed 0: 4.292 / 5.060).
 * second_moment_beta=0.95: the study's AdamS beta2; 0.99 gave 4.303 / 5.109 (seed 0).
