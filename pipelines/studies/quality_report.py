@@ -30,6 +30,7 @@ __all__ = [
     "lr_table",
     "overview_table",
     "plot_gap_vs_steps",
+    "staleness_table",
     "write_report",
 ]
 
@@ -339,6 +340,28 @@ def overview_table(
     return "\n".join(lines)
 
 
+STALENESS_KEYS = ("max_staleness", "replica_gap")
+
+
+def staleness_table(index: RunIndex, labels: dict[str, str]) -> str:
+    """How stale the replicas of a stale-replica reading (R3) got, per run that recorded it:
+    the oldest any replica entry was (steps since its owner last sent it), and the largest
+    distance of a replica from the owners' values at the end, relative to their norm."""
+    rows = [
+        "| variant | model | steps | lr x | seed | oldest replica entry (steps) | replica gap |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(index.runs, key=lambda k: (k.variant, k.model, k.steps, k.lr_scale, k.seed)):
+        final = index.runs[key].final
+        if all(k in final for k in STALENESS_KEYS):
+            rows.append(
+                f"| {labels.get(key.variant, key.variant)} | {key.model} | {key.steps:,} | "
+                f"x{key.lr_scale:g} | {key.seed} | {final['max_staleness']} | "
+                f"{final['replica_gap']:.2%} |"
+            )
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def write_report(
     out_dir: Path,
     variants: dict[str, VariantSpec],
@@ -390,6 +413,9 @@ def write_report(
         plot_gap_vs_steps(
             index, final, labels, models, horizons, out_dir / "gap_vs_steps.png", lr_from=1500
         )
+    stale = staleness_table(index, labels)
+    if stale:
+        text += ["## Stale replicas (R3)", "", stale, ""]
     name, n, w = cost_shape
     text += [
         f"## Cost at {name} ({n / 1e9:.2f}B parameters), {w} ranks",
@@ -407,7 +433,7 @@ def write_report(
 
 
 RUN_COLUMNS = ("model", "variant", "steps", "lr_scale", "seed", "final_val_loss", "diverged",
-               "spike_steps", "bytes_per_step", "seconds")  # fmt: skip
+               "spike_steps", "bytes_per_step", "seconds", *STALENESS_KEYS)  # fmt: skip
 
 
 def write_runs_csv(index: RunIndex, path: Path) -> None:
@@ -425,6 +451,7 @@ def write_runs_csv(index: RunIndex, path: Path) -> None:
                 run.final["final_val_loss"], run.final.get("diverged"),
                 run.final.get("spike_steps", ""),
                 statistics.fmean(sent) if sent else "", run.final.get("seconds", ""),
+                *(run.final.get(k, "") for k in STALENESS_KEYS),
             ])  # fmt: skip
 
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pipelines.studies.quality_config import VariantSpec
-from pipelines.studies.quality_report import RunIndex, RunLog, gap_cell, lr_table
+from pipelines.studies.quality_report import (
+    RunIndex,
+    RunLog,
+    gap_cell,
+    lr_table,
+    staleness_table,
+)
 from pipelines.studies.reading_costs import reading_cost
 
 
@@ -68,3 +74,13 @@ def test_overview_row_per_reading_with_gaps_per_horizon_and_costs() -> None:
     assert cells[3:5] == ["+10.0 / -", "+20.0 / +10.0"]  # 90%, 99% at 100 / 1500 steps
     costs = [reading_cost(v, 10**9, 32) for v in variants.values()]
     assert cells[5] == " / ".join(f"{c.bytes_per_step / 1e6:,.0f}" for c in costs)
+
+
+def test_staleness_table_lists_only_runs_that_recorded_it() -> None:
+    stale = _log("r3", 4.5, 0)
+    stale.final.update(max_staleness=87, replica_gap=0.0123)
+    index = RunIndex([_log("adams", 4.0, 0), stale])
+    table = staleness_table(index, {"r3": "R3-99"})
+    assert "| R3-99 | m | 100 | x1 | 0 | 87 | 1.23% |" in table
+    assert "adams" not in table
+    assert staleness_table(RunIndex([_log("adams", 4.0, 0)]), {}) == ""
