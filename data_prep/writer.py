@@ -152,7 +152,9 @@ def _encode_in_order(
         for texts in _chunks(documents):
             yield texts, _encode_chunk(texts)
         return
-    with multiprocessing.get_context().Pool(
+    # forkserver, not fork: a forked child inherits the parent's threads' locks (torch, tqdm,
+    # tokenizers) and can hang for good; the forkserver forks from a clean, single-threaded server
+    with multiprocessing.get_context("forkserver").Pool(
         num_proc, initializer=_init_worker, initargs=(tokenizer,)
     ) as pool:
         pending: deque[tuple[list[str], Any]] = deque()
