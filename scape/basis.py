@@ -123,6 +123,18 @@ class ShardBasis:
         self.split = self.full * chunk  # where the tail starts
         self._d = dct_matrix(chunk, device)
         self._d_tail = dct_matrix(self.tail, device) if self.tail else None
+        self._scratch: dict[str, Tensor] = {}  # see _block_scratch
+
+    def _block_scratch(self, use: str, rows: int, cols: int) -> Tensor:
+        """A reused (rows, cols) fp32 output for one block's GEMM or row pick, one buffer per
+        ``use`` (a synthesis block lives on while its caller runs other passes): a fresh
+        megabyte-sized output per block costs its page faults on CPU (a block's GEMM at
+        C=100: 31 ms against 67 ms per 10M entries)."""
+        need = rows * cols
+        buffer = self._scratch.get(use)
+        if buffer is None or buffer.numel() < need:
+            buffer = self._scratch[use] = torch.empty(need, device=self._d.device)
+        return buffer[:need].view(rows, cols)
 
     def transform(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Coefficients of ``x`` (..., S): full chunks (..., full, C) and the tail (..., L)."""
@@ -142,7 +154,11 @@ class ShardBasis:
         mask = torch.empty(self.num_selected, dtype=torch.int64, device=moment.device)
         for lo in self._blocks():  # the transform block by block: cache-sized temporaries
             hi = min(lo + BLOCK_CHUNKS, self.full)
-            coefs = moment[lo * C : hi * C].view(hi - lo, C) @ self._d.T  # (block, C)
+            coefs = torch.mm(
+                moment[lo * C : hi * C].view(hi - lo, C),
+                self._d.T,
+                out=self._block_scratch("coefs", hi - lo, C),
+            )  # (block, C)
             mask[lo * k : hi * k] = top_offsets(coefs, k).view(-1)
         if self._d_tail is not None:
             coefs = (moment[self.split :] @ self._d_tail.T).unsqueeze(0)  # (1, L)
@@ -168,10 +184,14 @@ class ShardBasis:
                 chunks = shard[lo * C : hi * C].view(hi - lo, C)
                 offsets, dst = m[lo * k : hi * k], o[lo * k : hi * k]
                 if k > PROJECT_MAX_K:
-                    coefs = chunks @ self._d.T  # (block, C)
+                    coefs = torch.mm(
+                        chunks, self._d.T, out=self._block_scratch("coefs", hi - lo, C)
+                    )
                     torch.gather(coefs, -1, offsets.view(hi - lo, k), out=dst.view(hi - lo, k))
                 else:
-                    rows = torch.index_select(self._d, 0, offsets).view(hi - lo, k, C)
+                    rows = torch.index_select(self._d, 0, offsets,
+                                              out=self._block_scratch("coefs", (hi - lo) * k, C))  # fmt: skip
+                    rows = rows.view(hi - lo, k, C)
                     torch.bmm(rows, chunks.unsqueeze(-1), out=dst.view(hi - lo, k, 1))
             if self._d_tail is not None:
                 o[n_head:] = (shard[self.split :] * self._d_tail[m[n_head:]]).sum(-1)
@@ -199,14 +219,20 @@ class ShardBasis:
 
         Each chunk is the values-weighted sum of its selected basis rows: exactly an
         embedding bag over the DCT's rows, which materializes neither the rows nor dense
-        coefficients. The tail is one more bag, over the tail's rows."""
+        coefficients. At k = 1 a bag is one scaled row: the same bits from a row pick into a
+        reused block and one multiply, 9x faster on CPU (2.8 ms against 25 ms per 10M
+        entries). The tail is one more bag, over the tail's rows."""
         C, k, n_head = self.chunk, self.k, self.full * self.k
         values = values.float()
         for lo in self._blocks():
             hi = min(lo + BLOCK_CHUNKS, self.full)
-            bags = F.embedding_bag(mask[lo * k : hi * k].view(hi - lo, k), self._d,
-                                   per_sample_weights=values[lo * k : hi * k].view(hi - lo, k),
-                                   mode="sum")  # fmt: skip
+            offsets, weights = mask[lo * k : hi * k], values[lo * k : hi * k]
+            if k == 1:
+                rows = self._block_scratch("synthesis", hi - lo, C)
+                bags = torch.index_select(self._d, 0, offsets, out=rows).mul_(weights[:, None])
+            else:
+                bags = F.embedding_bag(offsets.view(hi - lo, k), self._d,
+                                       per_sample_weights=weights.view(hi - lo, k), mode="sum")  # fmt: skip
             yield lo * C, hi * C, bags.view(-1)
         if self._d_tail is not None:
             tail = F.embedding_bag(mask[n_head:].view(1, -1), self._d_tail,

@@ -108,11 +108,13 @@ def commit_moment_(
         else:
             torch.sub(candidate, wire.float() * world_size, out=moment)
         return
-    sent = wire.float().mul_(world_size).view(world_size, -1)
-    # what was sent, synthesized straight into the moment (no bucket-sized temporary), then
-    # m = candidate - that, in place: (W, S)
-    removed = basis.synthesize(sent, masks, out=moment.view(world_size, -1))
-    torch.sub(candidate.view(world_size, -1), removed, out=removed)
+    sent = wire.float() * world_size  # a new tensor: the wire may be what was all-reduced
+    # what was sent, synthesized block by block (no bucket-sized temporary), and
+    # m = candidate - that written straight into the moment: (W, S)
+    moments, candidates = moment.view(world_size, -1), candidate.view(world_size, -1)
+    for w, (values, mask) in enumerate(zip(sent.view(world_size, -1), masks, strict=True)):
+        for lo, hi, removed in basis.synthesis_blocks(values, mask):
+            torch.sub(candidates[w, lo:hi], removed, out=moments[w, lo:hi])
 
 
 def decode(
