@@ -225,9 +225,8 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
                         "tx_bytes": c["tx_bytes"]})  # fmt: skip
         out["calibration"] = cal
         try:
-            out["fits"] = {
-                op: _fit(cal, world, op).to_dict() for op in ("reduce_scatter", "all_gather")
-            }
+            ops = sorted({c["op"] for c in cal})  # older rounds timed no all_reduce
+            out["fits"] = {op: _fit(cal, world, op).to_dict() for op in ops}
         except ValueError as err:  # too noisy to separate latency from bandwidth
             out["fit_error"] = str(err)
     if r0.get("fwd_bwd"):
@@ -272,12 +271,19 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
     Dense: per bucket a gradient reduce-scatter (hidden behind backward with Megatron's
     overlap, up to (buckets-1)/buckets of it) and a parameter all-gather after the step.
     SCAPE (``values_in_grad_sync``): its values' all-reduces -- both passes, booked as
-    gradient and parameter values -- are started during backward and hide alike; its one
-    mask all-gather per step is made a step ahead and hides behind the step's compute."""
+    gradient and parameter values -- are started during backward and hide alike, each timed
+    by the fit of bare all-reduces (gloo's all-reduce sends the ring's volume, its
+    reduce-scatter about twice it; rounds without that fit fall back to the reduce-scatter
+    and all-gather fits); its one mask all-gather per step is made a step ahead and hides
+    behind the step's compute."""
     if world <= 1:
         return {"floor": floor_s, "grad": 0.0, "param": 0.0, "mask": 0.0, "total": floor_s}
     rs, ag = (AlphaBeta(fits[op]["alpha_us"] * 1e-6, fits[op]["bandwidth_MBps"] * 1e6)
               for op in ("reduce_scatter", "all_gather"))  # fmt: skip
+    grad_link, param_link = rs, ag
+    if method.get("values_in_grad_sync") and "all_reduce" in fits:
+        grad_link = param_link = AlphaBeta(fits["all_reduce"]["alpha_us"] * 1e-6,
+                                           fits["all_reduce"]["bandwidth_MBps"] * 1e6)  # fmt: skip
     calls = max(1, int(method.get("value_collectives") or method.get("buckets") or 1))
     b = method["bytes_per_rank"]
 
@@ -289,7 +295,7 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
             else n_calls * (world - 1) * link.alpha_s + nbytes / link.bandwidth_Bps
         )
 
-    grad, param = comm("grad_values", rs, calls), comm("param_values", ag, calls)
+    grad, param = comm("grad_values", grad_link, calls), comm("param_values", param_link, calls)
     mask = comm("masks", ag, 1)
     in_sync = grad + param if method.get("values_in_grad_sync") else grad
     hide = 0.0

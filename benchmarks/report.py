@@ -244,22 +244,26 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         if rnd.get("mode") != "cluster":
             continue
         if "error" in rnd:
-            fits.append([name, "error: " + rnd["error"].splitlines()[0][:150], "", "", "", "", ""])
+            fits.append([name, "error: " + rnd["error"].splitlines()[0][:150], *[""] * 8])
             continue
-        f, q = rnd.get("fits"), rnd.get("quiet") or {}
+        f, q = rnd.get("fits") or {}, rnd.get("quiet") or {}
         tries = len(q.get("attempts", []))
-        fits.append([name, *(("-", "-", "-", "-") if not f else
-                             (f"{f['reduce_scatter']['alpha_us']:.0f}", f"{f['reduce_scatter']['bandwidth_MBps']:.0f}",
-                              f"{f['all_gather']['alpha_us']:.0f}", f"{f['all_gather']['bandwidth_MBps']:.0f}")),
-                     f"{q.get('other_cores', 0):.2f}", f"{tries}", _loadavg(q), f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
+        per_op = [cell for op in ("reduce_scatter", "all_gather", "all_reduce")
+                  for cell in ((f"{f[op]['alpha_us']:.0f}", f"{f[op]['bandwidth_MBps']:.0f}")
+                               if op in f else ("-", "-"))]  # fmt: skip
+        fits.append([name, *per_op, f"{q.get('other_cores', 0):.2f}", f"{tries}", _loadavg(q),
+                     f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
     lines += ["", "Calibration and protocol per round: alpha-beta fits of bare gloo collectives "
-              "timed in the same namespaces (median per size; what the cost model uses), other "
-              "processes' CPU while the round ran (cores), tries (a disturbed round is re-run), "
-              "load and duration. gloo's own reduce-scatter sends about twice the ring's volume "
-              "(wire / counted above); NCCL's ring does not, so on GPUs both methods' reduce-"
-              "scatters cost less than here.", ""]  # fmt: skip
-    lines += _table(["round", "RS alpha us", "RS MB/s", "AG alpha us", "AG MB/s",
-                     "other cores", "tries", "load before / after", "round s"], fits)  # fmt: skip
+              "timed in the same namespaces (median per size; what the cost model uses: "
+              "reduce-scatter and all-gather for dense, all-reduce for SCAPE's values, its bytes "
+              "booked as the ring's two passes), other processes' CPU while the round ran "
+              "(cores), tries (a disturbed round is re-run), load and duration. gloo's own "
+              "reduce-scatter sends about twice the ring's volume (wire / counted above), its "
+              "all-reduce about the ring's; NCCL's ring reduce-scatter does not, so on GPUs "
+              "dense AdamS's reduce-scatters cost less than here.", ""]  # fmt: skip
+    lines += _table(["round", "RS alpha us", "RS MB/s", "AG alpha us", "AG MB/s", "AR alpha us",
+                     "AR MB/s", "other cores", "tries", "load before / after", "round s"],
+                    fits)  # fmt: skip
     if doc.get("not_run"):
         lines += [
             "",

@@ -96,25 +96,31 @@ def install_local_group(rank: int, world: int, addr: str, port: int, timeout_s: 
 
 def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
     """Seconds of bare gloo collectives of ``nbytes`` in all (fp32), after one warm-up each:
-    ``reduce_scatter`` and ``all_gather``, the calls Megatron and SCAPE make."""
+    ``reduce_scatter`` and ``all_gather`` (dense: Megatron's calls) and ``all_reduce``
+    (SCAPE's values). An all-reduce's ``nbytes`` is booked as its ring's reduce-scatter and
+    all-gather together (twice the tensor), as the engines count its bytes, so one
+    alpha-beta formula fits all three."""
     world = dist.get_world_size()
     out = []
     for nbytes in sizes:
         n = max(world, nbytes // 4 // world * world)
         full, part = torch.randn(n), torch.empty(n // world)
-        for op in ("reduce_scatter", "all_gather"):
+        for op in ("reduce_scatter", "all_gather", "all_reduce"):
             times, tx = [], []
             for _ in range(reps + 1):
                 dist.barrier()
                 tx0, t0 = tx_bytes(ifname), time.perf_counter()
                 if op == "reduce_scatter":
                     dist.reduce_scatter_tensor(part, full)
-                else:
+                elif op == "all_gather":
                     dist.all_gather_into_tensor(full, part)
+                else:
+                    dist.all_reduce(full)
                 times.append(time.perf_counter() - t0)
                 tx1 = tx_bytes(ifname)
                 tx.append(None if tx0 is None else tx1 - tx0)
-            out.append({"op": op, "nbytes": n * 4, "times": times[1:], "tx_bytes": tx[1:]})
+            booked = n * 4 * (2 if op == "all_reduce" else 1)
+            out.append({"op": op, "nbytes": booked, "times": times[1:], "tx_bytes": tx[1:]})
     return out
 
 

@@ -117,6 +117,22 @@ def test_model_hides_scape_all_reduces_behind_backward_unless_fused():
     assert fused["grad"] == pytest.approx(2 * 100e-6 + 1e6 / 50e6 + 1e6 / 100e6)
 
 
+def test_model_times_scape_values_by_the_all_reduce_fit_when_the_round_has_one():
+    """SCAPE's values travel in all-reduces: with a fit of bare all-reduces (bytes booked as
+    the ring's two passes) both halves are timed by it; the mask all-gather keeps the
+    all-gather fit, and dense methods never use it."""
+    m = {"buckets": 2, "value_collectives": 2, "overlap_grad_reduce": False, "delay_mask": False,
+         "values_in_grad_sync": True,
+         "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 2e6}}  # fmt: skip
+    fits = {**FITS, "all_reduce": {"alpha_us": 10.0, "bandwidth_MBps": 200.0}}
+    p = ms.predict(m, 0.5, 0.4, fits, 2)
+    assert p["grad"] == pytest.approx(2 * (2 * 10e-6 + 1e6 / 200e6))
+    assert p["mask"] == pytest.approx(100e-6 + 2e6 / 100e6)
+    dense = {"buckets": 1, "overlap_grad_reduce": False, "delay_mask": None,
+             "bytes_per_rank": {"grad_values": 50e6, "param_values": 100e6}}  # fmt: skip
+    assert ms.predict(dense, 0.1, 0.05, fits, 2) == ms.predict(dense, 0.1, 0.05, FITS, 2)
+
+
 def _round(name, w, methods, **extra):
     return {"name": name, "mode": "floor" if name.startswith("floor") else "cluster",
             "world_size": w, "link": {"label": "1gbit", "rate_mbit": 1000.0},
