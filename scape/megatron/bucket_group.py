@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 
+from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.state import ScapeState, WaitAll
 
 __all__ = ["ScapeBucketGroup", "promote_bucket_groups"]
@@ -39,10 +40,11 @@ class ScapeBucketGroup(_ParamAndGradBucketGroup):
             return  # already dispatched this (first) batch, as in Megatron
         assert self.grad_reduce_handle is None, "one grad sync in flight per bucket group"
         async_op = self.ddp_config.overlap_grad_reduce
-        works = [
-            self.scape.start_grad_exchange(b.bucket_id, b.grad_data, async_op=async_op)
-            for b in self.buckets
-        ]
+        with outside_megatron():
+            works = [
+                self.scape.start_grad_exchange(b.bucket_id, b.grad_data, async_op=async_op)
+                for b in self.buckets
+            ]
         self.grad_reduce_handle = WaitAll(works) if async_op else None
 
     def start_param_sync(self, force_sync: bool = False) -> None:

@@ -32,6 +32,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 from scape.config import ScapeConfig
 from scape.megatron.bucket_group import promote_bucket_groups
+from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
@@ -120,6 +121,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         return next(g for g in self.optimizer.param_groups if g["params"])["eps"]
 
     @torch.no_grad()
+    @outside_megatron()
     def prepare_grads(self) -> bool:
         """Whether to skip this step: any rank's non-finite gradient or any non-finite value
         in the summed buffer (the flags travel inside it)."""
@@ -135,6 +137,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         return float(self._grad_norm)
 
     @torch.no_grad()
+    @outside_megatron()
     def step_with_ready_grads(self) -> bool:
         st, cfg, W = self.scape, self.scape.config, self.scape.world_size
         lr, weight_decay = self._lr_and_weight_decay()

@@ -32,3 +32,11 @@ def test_inactive_on_the_cuda_path(monkeypatch):
     assert set(sys.modules) == modules_before
     assert torch._C._len_torch_function_stack() == modes_before
     assert not cpu_compat.is_cpu_compat_installed()
+
+
+def test_outside_megatron_is_a_no_op_without_the_mode(monkeypatch):
+    """Where the mode is not installed (CUDA), the bypass leaves torch functions as they are."""
+    monkeypatch.setattr(cpu_compat, "_MODE", None)
+    with cpu_compat.outside_megatron():
+        assert torch._C._is_torch_function_enabled()
+    assert torch._C._is_torch_function_enabled()

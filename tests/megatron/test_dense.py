@@ -95,6 +95,16 @@ def _compat_observations() -> dict:
     except (AssertionError, RuntimeError):
         out["our_cuda_alloc"] = "failed"
     out["our_type_name"] = torch.zeros(1).type()
+    # SCAPE's step runs outside the mode: there even megatron's calls are not mapped, and
+    # the mode is back afterwards
+    with cpu_compat.outside_megatron():
+        try:
+            get_sliding_window_causal_mask(4, 4, (2, 0))
+            out["megatron_outside"] = "mapped"
+        except (AssertionError, RuntimeError):
+            out["megatron_outside"] = "failed"
+    out["modes_after"] = torch._C._len_torch_function_stack()
+    out["megatron_after"] = str(get_sliding_window_causal_mask(4, 4, (2, 0)).device)
     return out
 
 
@@ -176,6 +186,9 @@ def test_compat_layer_active_idempotent_and_scoped_to_megatron(results):
             "megatron_mask_device": "cpu",
             "our_cuda_alloc": "failed",
             "our_type_name": "torch.FloatTensor",
+            "megatron_outside": "failed",
+            "modes_after": 1,
+            "megatron_after": "cpu",
         }
 
 
