@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
+from pipelines.studies.quality_run import FINAL, STALENESS_KEYS
 from pipelines.studies.reading_costs import reading_cost
 
 __all__ = [
@@ -54,7 +55,7 @@ def load_runs(runs_dir: Path) -> list[RunLog]:
     runs = []
     for path in sorted(runs_dir.glob("*.jsonl")):
         lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-        if len(lines) < 2 or lines[-1].get("event") != "final":
+        if len(lines) < 2 or lines[-1].get("event") != FINAL:
             continue
         runs.append(RunLog(lines[0], lines[1:-1], lines[-1]))
     return runs
@@ -338,9 +339,6 @@ def overview_table(
         cells.append(f"{costs[0].memory / 1e9:.2f}" if costs else "-")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
-
-
-STALENESS_KEYS = ("max_staleness", "replica_gap")
 
 
 def staleness_table(index: RunIndex, labels: dict[str, str]) -> str:

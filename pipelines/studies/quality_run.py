@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 FINAL = "final"  # event of a run's last line
+# what a reading with stale replicas (R3) reports in its final line: the oldest entry a
+# replica held, in steps, and how far the replicas ended from the owners' values
+STALENESS_KEYS = ("max_staleness", "replica_gap")
 
 
 def init_megatron_single_process() -> None:
@@ -245,7 +248,7 @@ def train_run(
             "spike_steps": rule.spike_steps,
             # R3 (stale replicas): the oldest a replica entry got, and the largest relative
             # distance of a replica from the owners' values at the end
-            **{k: getattr(sim, k) for k in ("max_staleness", "replica_gap") if hasattr(sim, k)},
+            **{k: getattr(sim, k) for k in STALENESS_KEYS if hasattr(sim, k)},
             "seconds": round(time.perf_counter() - start, 2),
         }
         write(final)
