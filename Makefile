@@ -64,8 +64,9 @@ endif
 
 # Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on
 # the emulated cluster (network namespaces: run as root, else that part is skipped with a
-# message), projection, break-even map, README. One command, ~25 min on a quiet 2-core
-# machine (the step sweep ~15-20 of them, capped at 25 + the round in progress; it resumes
+# message), projection, break-even map, README. One command, ~35 min on a quiet 2-core
+# machine (the step sweep ~25-30 of them with the waits for the load to settle between rounds,
+# capped at 40 + the round in progress; it resumes
 # an interrupted sweep at the same commit). Every timing benchmark refuses to start beside a
 # study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
 # re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*

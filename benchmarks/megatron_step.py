@@ -33,11 +33,13 @@ scale (Llama-1.8B has 45 buckets of 40M).
 **Quiet machine** (:mod:`benchmarks.quiet`): refuses to start beside a study, the tests or
 another benchmark; each round is one protocol round (load before/after, other processes'
 CPU, re-run when disturbed, else marked noisy). **Bounded:** ``--budget-min``
-stops starting rounds or re-runs after that many minutes (25), so a run ends by then plus the
+stops starting rounds or re-runs after that many minutes (40), so a run ends by then plus the
 round in progress (at most ~4 min); a launch has a timeout.
 **Resumable:** the JSON is written after every round; started again at the same commit
 with the same settings, an unfinished run keeps its quiet rounds and runs the rest
-(``--fresh`` starts over).
+(``--fresh`` starts over); ``--rerun-noisy`` does the same for a finished run, running again
+only the rounds it had to mark noisy or that failed (e.g. after waiting out the load that a
+4-rank round leaves behind, with a longer ``--settle-s``).
 
 **Cost model** (sweep): per round, alpha-beta fits of the bare gloo collectives timed in the
 same namespaces (:func:`benchmarks.costmodel.fit_alpha_beta`, median of each size); a
@@ -460,17 +462,21 @@ def fingerprint(settings: dict[str, Any]) -> dict[str, Any]:
             "settings": hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]}  # fmt: skip
 
 
-def _resumable(out: Path, fp: dict[str, Any], fresh: bool) -> dict[str, dict[str, Any]]:
+def _resumable(out: Path, fp: dict[str, Any], fresh: bool,
+               rerun_noisy: bool = False) -> tuple[dict[str, dict[str, Any]], str | None]:  # fmt: skip
+    """The quiet rounds of the last run at ``out`` to keep (an unfinished run's, or with
+    ``rerun_noisy`` a finished one's), and when that run started."""
     if fresh or not out.is_file():
-        return {}
+        return {}, None
     try:
         old = json.loads(out.read_text())
     except (OSError, json.JSONDecodeError):
-        return {}
-    if old.get("complete") or old.get("fingerprint") != fp:
-        return {}
-    return {n: r for n, r in old.get("rounds", {}).items()
+        return {}, None
+    if (old.get("complete") and not rerun_noisy) or old.get("fingerprint") != fp:
+        return {}, None
+    kept = {n: r for n, r in old.get("rounds", {}).items()
             if "error" not in r and not (r.get("quiet") or {}).get("noisy")}  # fmt: skip
+    return kept, old.get("started_at") if kept else None
 
 
 def _host() -> dict[str, Any]:
@@ -511,12 +517,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-min",
         type=float,
-        default=25.0,
+        default=40.0,
         help="start no round or re-run after this many minutes",
     )
     parser.add_argument("--timeout", type=float, default=MAX_ROUND_S, help="seconds per launch")
     parser.add_argument(
         "--fresh", action="store_true", help="do not reuse an unfinished run's rounds"
+    )
+    parser.add_argument(
+        "--rerun-noisy",
+        action="store_true",
+        help="a finished run at this commit and settings: keep its quiet rounds, run again "
+        "only its noisy or failed ones",
     )
     parser.add_argument(
         "--loopback",
@@ -589,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for w, ms in methods_by_world.items()}}  # fmt: skip
         settings_clean = json.loads(json.dumps(settings).replace(str(tmp), "<tmp>"))
         fp = fingerprint(settings_clean)
-        kept = _resumable(args.out, fp, args.fresh)
+        kept, started = _resumable(args.out, fp, args.fresh, args.rerun_noisy)
         doc: dict[str, Any] = {
             "bench": "megatron_step", "suite": args.suite,
             "mode": "loopback" if args.loopback else "netns",
@@ -598,11 +610,12 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": args.worlds[0], "link": {"label": LinkSpec(args.rates_mbit[0]).label,
                                                    "rate_mbit": args.rates_mbit[0]},
             "steps": args.steps, "warmup": args.warmup, "host": _host(),
-            "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "complete": False,
+            "started_at": started or time.strftime("%Y-%m-%d %H:%M:%S %Z"), "complete": False,
             "rounds": dict(kept), "not_run": [],
         }  # fmt: skip
         if kept:
-            print(f"resuming an unfinished run: keeping rounds {', '.join(kept)}", flush=True)
+            doc["resumed_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            print(f"resuming a run: keeping rounds {', '.join(kept)}", flush=True)
         deadline = time.monotonic() + args.budget_min * 60
         for i, rnd in enumerate(rounds_plan, 1):
             if rnd["name"] in kept:

@@ -181,7 +181,9 @@ class Protocol:
     max_load: float = 1.5
     max_other_cores: float = 0.25
     retries: int = 2
-    settle_s: float = 90.0
+    # the 1-min load is an exponential average: after a 4-rank round on 2 cores (load ~9)
+    # it takes about 2 minutes to fall to 1.5 (90 s left the next 4-rank rounds noisy)
+    settle_s: float = 240.0
     allow_busy: bool = False
     load_fn: Callable[[], float] = field(default=load_average, repr=False, compare=False)
     sleep_fn: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)

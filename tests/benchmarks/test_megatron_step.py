@@ -172,12 +172,16 @@ def test_an_unfinished_run_resumes_only_its_quiet_rounds_at_the_same_fingerprint
     fp = {"commit": "abc", "uncommitted": "0", "settings": "s"}
     rounds = {"floor-w2": {"quiet": {"noisy": False}}, "w2-1gbit": {"quiet": {"noisy": True}},
               "w2-10gbit": {"error": "rank 1 exited"}}  # fmt: skip
-    out.write_text(json.dumps({"fingerprint": fp, "complete": False, "rounds": rounds}))
-    assert list(ms._resumable(out, fp, fresh=False)) == ["floor-w2"]
-    assert ms._resumable(out, fp, fresh=True) == {}
-    assert ms._resumable(out, dict(fp, commit="def"), fresh=False) == {}
+    out.write_text(json.dumps({"fingerprint": fp, "complete": False, "rounds": rounds,
+                               "started_at": "then"}))  # fmt: skip
+    assert ms._resumable(out, fp, fresh=False) == ({"floor-w2": rounds["floor-w2"]}, "then")
+    assert ms._resumable(out, fp, fresh=True) == ({}, None)
+    assert ms._resumable(out, dict(fp, commit="def"), fresh=False) == ({}, None)
     out.write_text(json.dumps({"fingerprint": fp, "complete": True, "rounds": rounds}))
-    assert ms._resumable(out, fp, fresh=False) == {}  # a finished run is measured again
+    assert ms._resumable(out, fp, fresh=False) == ({}, None)  # a finished run: measured again
+    # ... unless only its noisy and failed rounds are to be run again
+    assert list(ms._resumable(out, fp, fresh=False, rerun_noisy=True)[0]) == ["floor-w2"]
+    assert ms._resumable(out, dict(fp, settings="t"), False, rerun_noisy=True) == ({}, None)
 
 
 @pytest.mark.parametrize("suite", ["sweep", "reproduce"])
