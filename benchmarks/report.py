@@ -43,6 +43,12 @@ NOTES = [
     "(dense: reduce-scatter and all-gather; SCAPE: all-reduce and the mask all-gather).",
     "- On 2 CPU cores 4 ranks share the cores, so their compute is time-sliced: the 4-rank "
     "floor includes that, and the 4-rank speed-ups are not a scaling result.",
+    "- The cost model's misses have a direction: it is mostly low for SCAPE (its all-reduces, "
+    "started during backward, are booked as hidden, and their transfer is a few ms, yet the "
+    "step runs above its floor: gloo's threads reduce and copy on the same 2 cores as the "
+    "compute, and a step waits for its slowest rank, neither of which the fake-group floor "
+    "has) and high for dense AdamS at 10 Gbit/s (there the bare collectives it is fitted to "
+    "are CPU-bound, and the fits move from round to round).",
     "- SCAPE has no parameter all-gather: every rank decodes the summed buffer and updates "
     "all N entries itself, so its optimizer-side work is O(N) per rank where dense ZeRO-1's "
     "is O(N/W) (section 3); on a GPU these are memory-bound kernels, modeled in section 3 "
