@@ -28,6 +28,11 @@ class AlphaBeta:
     def to_dict(self) -> dict[str, float]:
         return {"alpha_us": self.alpha_s * 1e6, "bandwidth_MBps": self.bandwidth_Bps / 1e6}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, float]) -> AlphaBeta:
+        """The inverse of :meth:`to_dict` (a fit as the benchmark JSON stores it)."""
+        return cls(d["alpha_us"] * 1e-6, d["bandwidth_MBps"] * 1e6)
+
 
 def ring_time(total_nbytes: float, world_size: int, link: AlphaBeta) -> float:
     """Seconds of one ring reduce-scatter (input) / all-gather (output) of ``total_nbytes``."""

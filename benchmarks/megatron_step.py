@@ -280,12 +280,10 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
     behind the step's compute."""
     if world <= 1:
         return {"floor": floor_s, "grad": 0.0, "param": 0.0, "mask": 0.0, "total": floor_s}
-    rs, ag = (AlphaBeta(fits[op]["alpha_us"] * 1e-6, fits[op]["bandwidth_MBps"] * 1e6)
-              for op in ("reduce_scatter", "all_gather"))  # fmt: skip
+    rs, ag = AlphaBeta.from_dict(fits["reduce_scatter"]), AlphaBeta.from_dict(fits["all_gather"])
     grad_link, param_link = rs, ag
     if method.get("values_in_grad_sync") and "all_reduce" in fits:
-        grad_link = param_link = AlphaBeta(fits["all_reduce"]["alpha_us"] * 1e-6,
-                                           fits["all_reduce"]["bandwidth_MBps"] * 1e6)  # fmt: skip
+        grad_link = param_link = AlphaBeta.from_dict(fits["all_reduce"])
     calls = max(1, int(method.get("value_collectives") or method.get("buckets") or 1))
     b = method["bytes_per_rank"]
 

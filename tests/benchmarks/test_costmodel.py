@@ -32,3 +32,11 @@ def test_fit_clips_negative_latency():
 def test_fit_needs_two_points():
     with pytest.raises(ValueError):
         fit_alpha_beta([(4, 1e6, 0.01)])
+
+
+def test_a_fit_round_trips_through_its_json_form():
+    link = AlphaBeta(37e-6, 1.25e8)
+    back = AlphaBeta.from_dict(link.to_dict())
+    assert back.alpha_s == pytest.approx(link.alpha_s) and back.bandwidth_Bps == pytest.approx(
+        link.bandwidth_Bps
+    )
