@@ -231,6 +231,12 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
             out["fits"] = {op: _fit(cal, world, op).to_dict() for op in ops}
         except ValueError as err:  # too noisy to separate latency from bandwidth
             out["fit_error"] = str(err)
+    if r0.get("step_calls"):
+        out["step_calls"] = {
+            name: {c["kind"]: _slowest_collective(results, name, i, c)
+                   for i, c in enumerate(calls)}
+            for name, calls in r0["step_calls"].items()
+        }  # fmt: skip
     if r0.get("fwd_bwd"):
         reps = len(r0["fwd_bwd"])
         fwd = [max(res["fwd_bwd"][i][0] for res in results) for i in range(reps)]
@@ -238,6 +244,16 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
         out["fwd_bwd"] = {"method": r0["fwd_bwd_method"], "forward_s": statistics.median(fwd),
                           "backward_s": statistics.median(bwd)}  # fmt: skip
     return out
+
+
+def _slowest_collective(results: list[dict[str, Any]], name: str, i: int,
+                        call: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """One of a method's timed collectives: each repetition at its slowest rank, and their
+    median (the seconds the model books per call)."""
+    per_rep = [max(res["step_calls"][name][i]["times"][j] for res in results)
+               for j in range(len(call["times"]))]  # fmt: skip
+    return {"op": call["op"], "nbytes": call["nbytes"], "times": per_rep,
+            "seconds": statistics.median(per_rep)}  # fmt: skip
 
 
 def _rows_by_step(results: list[dict[str, Any]], name: str) -> list[list[dict[str, Any]]]:
@@ -267,45 +283,57 @@ def paired_speedup(round_: dict[str, Any], ref: str | list[str], name: str) -> f
 
 
 def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
-            fits: dict[str, dict[str, float]], world: int) -> dict[str, float]:  # fmt: skip
+            fits: dict[str, dict[str, float]], world: int,
+            timed: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:  # fmt: skip
     """The cost model for one method in one round (seconds, by part).
 
     Dense: per bucket a gradient reduce-scatter (hidden behind backward with Megatron's
     overlap, up to (buckets-1)/buckets of it) and a parameter all-gather after the step.
     SCAPE (``values_in_grad_sync``): its values' all-reduces -- both passes, booked as
-    gradient and parameter values -- are started during backward and hide alike, each timed
-    by the fit of bare all-reduces (gloo's all-reduce sends the ring's volume, its
-    reduce-scatter about twice it; rounds without that fit fall back to the reduce-scatter
-    and all-gather fits); its one mask all-gather per step is made a step ahead and hides
-    behind the step's compute."""
+    gradient and parameter values -- are started during backward and hide alike; its one mask
+    all-gather per step is made a step ahead and hides behind the step's compute. The last
+    call of the gradient sync starts when backward ends, so at least it is exposed.
+
+    Each call's seconds: the same collective timed bare in the round at the step's own size
+    (``timed``: kind -> ``{"seconds": ...}``, from :func:`benchmarks.step_rank.step_calls`)
+    where the round has it, since gloo's CPU-bound collectives are not linear in size (one
+    line through sizes of 64 kB-32 MB misses 10 MB buckets by up to 2x); otherwise the
+    round's alpha-beta fit of that collective (SCAPE's values by the all-reduce fit -- gloo's
+    all-reduce sends the ring's volume, its reduce-scatter about twice it -- or, in rounds
+    without one, by the reduce-scatter and all-gather fits)."""
     if world <= 1:
         return {"floor": floor_s, "grad": 0.0, "param": 0.0, "mask": 0.0, "total": floor_s}
+    timed = timed or {}
     rs, ag = AlphaBeta.from_dict(fits["reduce_scatter"]), AlphaBeta.from_dict(fits["all_gather"])
-    grad_link, param_link = rs, ag
-    if method.get("values_in_grad_sync") and "all_reduce" in fits:
-        grad_link = param_link = AlphaBeta.from_dict(fits["all_reduce"])
     calls = max(1, int(method.get("value_collectives") or method.get("buckets") or 1))
     b = method["bytes_per_rank"]
 
-    def comm(kind: str, link: AlphaBeta, n_calls: int) -> float:
-        nbytes = b.get(kind, 0.0)
-        return (
-            0.0
-            if nbytes <= 0
-            else n_calls * (world - 1) * link.alpha_s + nbytes / link.bandwidth_Bps
-        )
+    def per_call(kind: str, link: AlphaBeta, n_calls: int, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        if kind in timed:
+            return timed[kind]["seconds"]
+        return (world - 1) * link.alpha_s + nbytes / n_calls / link.bandwidth_Bps
 
-    grad, param = comm("grad_values", grad_link, calls), comm("param_values", param_link, calls)
-    mask = comm("masks", ag, 1)
-    in_sync = grad + param if method.get("values_in_grad_sync") else grad
+    grad_b, param_b = b.get("grad_values", 0.0), b.get("param_values", 0.0)
+    if not method.get("values_in_grad_sync"):
+        sync_call = per_call("grad_values", rs, calls, grad_b)
+        param = calls * per_call("param_values", ag, calls, param_b)
+    elif "values" in timed or "all_reduce" in fits:
+        ar = AlphaBeta.from_dict(fits["all_reduce"]) if "all_reduce" in fits else rs
+        sync_call, param = per_call("values", ar, calls, grad_b + param_b), 0.0
+    else:
+        sync_call = per_call("", rs, calls, grad_b) + per_call("", ag, calls, param_b)
+        param = 0.0
+    mask = per_call("masks", ag, 1, b.get("masks", 0.0))
+    in_sync = calls * sync_call
     hide = 0.0
     if method.get("overlap_grad_reduce") and calls > 1 and backward_s:
         hide = (calls - 1) / calls * backward_s
-    exposed_sync = max(0.0, in_sync - hide)
-    exposed_param = 0.0 if method.get("values_in_grad_sync") else param
+    exposed_sync = max(sync_call, in_sync - hide)
     exposed_mask = max(0.0, mask - floor_s) if method.get("delay_mask") else mask
-    total = floor_s + exposed_sync + exposed_param + exposed_mask
-    return {"floor": floor_s, "grad": exposed_sync, "param": exposed_param, "mask": exposed_mask,
+    total = floor_s + exposed_sync + param + exposed_mask
+    return {"floor": floor_s, "grad": exposed_sync, "param": param, "mask": exposed_mask,
             "hidden_grad": in_sync - exposed_sync, "total": total}  # fmt: skip
 
 
@@ -340,7 +368,7 @@ def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "noisy_reason": (rnd.get("quiet") or {}).get("noisy_reason"),
             }  # fmt: skip
             if f and rnd.get("fits"):
-                pred = predict(e, f, backward, rnd["fits"], w)
+                pred = predict(e, f, backward, rnd["fits"], w, rnd.get("step_calls", {}).get(m))
                 p["predicted"] = pred
                 p["model_error"] = pred["total"] / e["step_s"] - 1.0
             points.append(p)

@@ -16,9 +16,10 @@ SCAPE's step works inside: a new step is measured as soon as the optimizer confi
 Two modes:
 
 * ``cluster``: a gloo group over the rank's network namespace (or loopback). Before the
-  steps it times bare gloo collectives of a few sizes (reduce-scatter, all-gather: what the
-  methods call) for the cost model, and it reads the interface's sent bytes around each
-  step.
+  steps it times bare gloo collectives of a few sizes (reduce-scatter, all-gather,
+  all-reduce) for the alpha-beta fits; after them, each method's own collectives, bare, at
+  the sizes its step sent (what the cost model times them by). It reads the interface's
+  sent bytes around each step.
 * ``floor``: the compute-only floor. The ranks run the same steps of the same methods, at
   the same time (so W ranks share this machine's cores as in ``cluster``), but in
   PyTorch's ``fake`` process group (``torch.testing._internal.distributed.fake_pg``): every
@@ -36,7 +37,8 @@ Two modes:
 
 Writes ``<out_dir>/rank<R>.json``: per step and method the seconds, the interface bytes
 sent (``cluster`` in a namespace) and, on rank 0, the bytes by kind the engine counted and
-the loss; the calibration; per method the parameter and bucket counts.
+the loss; the calibration and the per-method collective timings; per method the parameter
+and bucket counts.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import torch.distributed as dist
 
 from benchmarks.netns import tx_bytes
 
-__all__ = ["install_local_group", "main"]
+__all__ = ["calibrate", "install_local_group", "main", "step_calls", "time_collectives"]
 
 FWD_BWD_REPS = 3
 
@@ -94,34 +96,63 @@ def install_local_group(rank: int, world: int, addr: str, port: int, timeout_s: 
     dist.all_gather_object = all_gather_object
 
 
-def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
-    """Seconds of bare gloo collectives of ``nbytes`` in all (fp32), after one warm-up each:
-    ``reduce_scatter`` and ``all_gather`` (dense: Megatron's calls) and ``all_reduce``
-    (SCAPE's values). An all-reduce's ``nbytes`` is booked as its ring's reduce-scatter and
-    all-gather together (twice the tensor), as the engines count its bytes, so one
-    alpha-beta formula fits all three."""
+COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
+
+
+def time_collectives(calls: list[tuple[str, int]], reps: int, ifname: str) -> list[dict[str, Any]]:
+    """Seconds of bare gloo collectives, each ``(op, nbytes)`` after one warm-up: ``nbytes``
+    is the fp32 tensor's size (a reduce-scatter's input, an all-gather's output, an
+    all-reduce's tensor). An all-reduce is booked as its ring's reduce-scatter and all-gather
+    together (twice the tensor), as the engines count its bytes, so one alpha-beta formula
+    fits all three."""
     world = dist.get_world_size()
     out = []
-    for nbytes in sizes:
+    for op, nbytes in calls:
+        if op not in COLLECTIVES:
+            raise ValueError(f"unknown collective {op!r}: use one of {COLLECTIVES}")
         n = max(world, nbytes // 4 // world * world)
         full, part = torch.randn(n), torch.empty(n // world)
-        for op in ("reduce_scatter", "all_gather", "all_reduce"):
-            times, tx = [], []
-            for _ in range(reps + 1):
-                dist.barrier()
-                tx0, t0 = tx_bytes(ifname), time.perf_counter()
-                if op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(part, full)
-                elif op == "all_gather":
-                    dist.all_gather_into_tensor(full, part)
-                else:
-                    dist.all_reduce(full)
-                times.append(time.perf_counter() - t0)
-                tx1 = tx_bytes(ifname)
-                tx.append(None if tx0 is None else tx1 - tx0)
-            booked = n * 4 * (2 if op == "all_reduce" else 1)
-            out.append({"op": op, "nbytes": booked, "times": times[1:], "tx_bytes": tx[1:]})
+        times, tx = [], []
+        for _ in range(reps + 1):
+            dist.barrier()
+            tx0, t0 = tx_bytes(ifname), time.perf_counter()
+            if op == "reduce_scatter":
+                dist.reduce_scatter_tensor(part, full)
+            elif op == "all_gather":
+                dist.all_gather_into_tensor(full, part)
+            else:
+                dist.all_reduce(full)
+            times.append(time.perf_counter() - t0)
+            tx1 = tx_bytes(ifname)
+            tx.append(None if tx0 is None else tx1 - tx0)
+        booked = n * 4 * (2 if op == "all_reduce" else 1)
+        out.append({"op": op, "nbytes": booked, "times": times[1:], "tx_bytes": tx[1:]})
     return out
+
+
+def calibrate(sizes: list[int], reps: int, ifname: str) -> list[dict[str, Any]]:
+    """The alpha-beta calibration: every collective at every size (tensor bytes)."""
+    return time_collectives([(op, n) for n in sizes for op in COLLECTIVES], reps, ifname)
+
+
+def step_calls(info: dict[str, Any], counted: dict[str, float], world: int) -> list[dict]:
+    """One collective of each kind a method makes per step, at its own size, from the bytes
+    its engine counted for a step (a ring's (W-1)/W of each tensor, summed over calls):
+    SCAPE's value all-reduce (``values``: booked half as gradient, half as parameter values)
+    and mask all-gather (once per step); dense's gradient reduce-scatter and parameter
+    all-gather (one per bucket). Returns ``{"kind", "op", "nbytes"}`` with tensor bytes."""
+    if world <= 1:
+        return []
+    calls = max(1, int(info.get("value_collectives") or info.get("buckets") or 1))
+    whole = world / (world - 1)  # counted bytes -> tensor bytes
+    if info.get("values_in_grad_sync"):
+        values = counted.get("grad_values", 0.0) + counted.get("param_values", 0.0)
+        kinds = [("values", "all_reduce", values / calls * whole / 2),
+                 ("masks", "all_gather", counted.get("masks", 0.0) * whole)]  # fmt: skip
+    else:
+        kinds = [("grad_values", "reduce_scatter", counted.get("grad_values", 0.0) / calls * whole),
+                 ("param_values", "all_gather", counted.get("param_values", 0.0) / calls * whole)]  # fmt: skip
+    return [{"kind": k, "op": op, "nbytes": int(round(n))} for k, op, n in kinds if n > 0]
 
 
 def _data_key(cfg) -> tuple:
@@ -201,6 +232,7 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     if mode == "cluster" and cal:
         result["calibration"] = calibrate(cal["sizes"], cal["reps"], ifname)
     names = [m["name"] for m in methods]
+    last_sent: dict[str, dict[str, float]] = {}  # method -> bytes by kind, its last step
     for step in range(warmup + steps):
         batches = data.rank_micro_batches(step, rank, t.micro_batch_size)
         k = step % len(names)
@@ -212,10 +244,19 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             tx1 = tx_bytes(ifname)
             row = {"method": name, "step": step, "measured": step >= warmup,
                    "seconds": res.seconds, "tx_bytes": None if tx0 is None else tx1 - tx0}  # fmt: skip
-            sent = engines[name].bytes_last_step()
+            sent = last_sent[name] = engines[name].bytes_last_step()
             if rank == 0:
                 row.update(bytes=sent, loss=res.loss)
             result["steps"].append(row)
+    if mode == "cluster" and cal:
+        # each method's own collectives, bare, at the sizes its step just sent: gloo's
+        # CPU-bound collectives are not linear in size, so the model times these
+        result["step_calls"] = {}
+        for name in names:
+            wanted = step_calls(info[name], last_sent[name], world)
+            timed = time_collectives([(c["op"], c["nbytes"]) for c in wanted], cal["reps"], ifname)
+            result["step_calls"][name] = [{"kind": c["kind"], "tensor_nbytes": c["nbytes"], **t}
+                                          for c, t in zip(wanted, timed, strict=True)]  # fmt: skip
     if mode == "floor":
         ref = next((n for n in names if cfgs[n].optimizer.name != "scape"), names[0])
         result["fwd_bwd_method"] = ref

@@ -74,6 +74,37 @@ def test_calibration_is_fitted_on_the_slowest_rank_of_each_repetition():
     assert fits["reduce_scatter"]["bandwidth_MBps"] == pytest.approx(100, rel=1e-6)
 
 
+def test_each_methods_own_collectives_are_timed_at_the_slowest_rank_of_each_repetition():
+    def calls(times):
+        return {"a": [{"kind": "values", "op": "all_reduce", "tensor_nbytes": 8, "nbytes": 16,
+                       "times": times, "tx_bytes": [None] * 3}]}  # fmt: skip
+
+    r0 = _rank(0, {"a": [1.0, 1.0]}, step_calls=calls([0.1, 0.5, 0.2]))
+    r1 = _rank(1, {"a": [1.0, 1.0]}, step_calls=calls([0.3, 0.1, 0.2]))
+    timed = ms.summarize_round([r0, r1], 2)["step_calls"]["a"]["values"]
+    assert timed["times"] == [0.3, 0.5, 0.2] and timed["seconds"] == 0.3
+    assert (timed["op"], timed["nbytes"]) == ("all_reduce", 16)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_methods_collectives_are_sized_from_the_bytes_its_engine_counted(world):
+    from benchmarks.step_rank import step_calls
+
+    ring = (world - 1) / world  # a ring counts (W-1)/W of each tensor
+    dense = {"buckets": 4, "overlap_grad_reduce": True}
+    got = step_calls(dense, {"grad_values": 4 * ring * 10e6, "param_values": 4 * ring * 6e6},
+                     world)  # fmt: skip
+    assert got == [{"kind": "grad_values", "op": "reduce_scatter", "nbytes": 10_000_000},
+                   {"kind": "param_values", "op": "all_gather", "nbytes": 6_000_000}]  # fmt: skip
+    # SCAPE: one all-reduce of a T-byte tensor per bucket, counted as both of a ring's passes
+    scape = {"buckets": 4, "value_collectives": 4, "values_in_grad_sync": True}
+    counted = {"grad_values": 4 * ring * 1e5, "param_values": 4 * ring * 1e5, "masks": ring * 5e4}
+    assert step_calls(scape, counted, world) == [
+        {"kind": "values", "op": "all_reduce", "nbytes": 100_000},
+        {"kind": "masks", "op": "all_gather", "nbytes": 50_000}]  # fmt: skip
+    assert step_calls(scape, counted, 1) == []
+
+
 def test_speed_ups_are_same_step_ratios_not_ratios_of_medians():
     rnd = {"methods": {"d": {"step_s_all": [1.0, 4.0, 1.0]}, "o": {"step_s_all": [2.0, 1.0, 3.0]},
                        "s": {"step_s_all": [0.5, 4.0, 0.25]}}}  # fmt: skip
@@ -100,7 +131,12 @@ def test_model_hides_reduce_scatters_behind_backward_and_the_delayed_mask_behind
          "bytes_per_rank": {"grad_values": 5e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
     p = ms.predict(m, 0.5, 0.4, FITS, 2)
     grad = 4 * 100e-6 + 0.1
-    assert p["hidden_grad"] == pytest.approx(min(grad, 0.75 * 0.4))
+    # 0.3 s of backward would hide all four, but the last starts when backward ends
+    assert p["grad"] == pytest.approx(grad / 4)
+    assert p["hidden_grad"] == pytest.approx(grad * 3 / 4)
+    slow = ms.predict(dict(m, bytes_per_rank=dict(m["bytes_per_rank"], grad_values=50e6)),
+                      0.5, 0.4, FITS, 2)  # fmt: skip
+    assert slow["hidden_grad"] == pytest.approx(0.75 * 0.4)  # 1 s: hidden up to 3/4 of backward
     assert p["mask"] == 0.0  # 10 ms of masks behind a 0.5 s step
     assert ms.predict(dict(m, delay_mask=False), 0.5, 0.4, FITS, 2)["mask"] > 0
 
@@ -111,7 +147,8 @@ def test_model_hides_scape_all_reduces_behind_backward_unless_fused():
          "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
     p = ms.predict(m, 0.5, 0.4, FITS, 2)
     values = 4 * 100e-6 + 1e6 / 50e6 + 4 * 100e-6 + 1e6 / 100e6  # both passes, 4 all-reduces
-    assert p["hidden_grad"] == pytest.approx(values) and p["grad"] == 0.0
+    assert p["hidden_grad"] == pytest.approx(values * 3 / 4)  # all but the last
+    assert p["grad"] == pytest.approx(values / 4)
     assert p["param"] == 0.0 and p["mask"] == 0.0  # no parameter all-gather; mask hidden
     fused = ms.predict(dict(m, value_collectives=1), 0.5, 0.4, FITS, 2)  # one, after backward
     assert fused["grad"] == pytest.approx(2 * 100e-6 + 1e6 / 50e6 + 1e6 / 100e6)
@@ -126,11 +163,29 @@ def test_model_times_scape_values_by_the_all_reduce_fit_when_the_round_has_one()
          "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 2e6}}  # fmt: skip
     fits = {**FITS, "all_reduce": {"alpha_us": 10.0, "bandwidth_MBps": 200.0}}
     p = ms.predict(m, 0.5, 0.4, fits, 2)
-    assert p["grad"] == pytest.approx(2 * (2 * 10e-6 + 1e6 / 200e6))
+    # one all-reduce per bucket: one latency term, as the fit books it (both passes in one)
+    assert p["grad"] == pytest.approx(2 * (10e-6 + 1e6 / 200e6))
     assert p["mask"] == pytest.approx(100e-6 + 2e6 / 100e6)
     dense = {"buckets": 1, "overlap_grad_reduce": False, "delay_mask": None,
              "bytes_per_rank": {"grad_values": 50e6, "param_values": 100e6}}  # fmt: skip
     assert ms.predict(dense, 0.1, 0.05, fits, 2) == ms.predict(dense, 0.1, 0.05, FITS, 2)
+
+
+def test_model_books_each_call_as_timed_at_the_steps_own_size_where_the_round_has_it():
+    """A timed collective replaces the fit for its kind alone; the rest keep the fits."""
+    dense = {"buckets": 4, "overlap_grad_reduce": False, "delay_mask": None,
+             "bytes_per_rank": {"grad_values": 50e6, "param_values": 100e6}}  # fmt: skip
+    p = ms.predict(dense, 0.1, 0.05, FITS, 2, {"grad_values": {"seconds": 0.02}})
+    assert p["grad"] == pytest.approx(4 * 0.02)
+    assert p["param"] == pytest.approx(4 * 100e-6 + 1.0)  # the all-gather fit
+    scape = {"buckets": 4, "value_collectives": 4, "overlap_grad_reduce": True,
+             "delay_mask": False, "values_in_grad_sync": True,
+             "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
+    q = ms.predict(
+        scape, 0.5, 0.4, FITS, 2, {"values": {"seconds": 0.2}, "masks": {"seconds": 0.01}}
+    )
+    assert q["grad"] == pytest.approx(4 * 0.2 - 0.3) and q["mask"] == 0.01
+    assert q["total"] == pytest.approx(0.5 + 0.5 + 0.01)
 
 
 def _round(name, w, methods, **extra):
@@ -254,6 +309,17 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
     assert m["scape-99"]["bytes_per_rank_total"] < m["dense-overlap"]["bytes_per_rank_total"] / 20
     for e in m.values():
         assert e["n_steps"] == 2 and all(t > 0 and math.isfinite(t) for t in e["step_s_all"])
+    # each method's own collectives, timed bare at its step's sizes (what the model books)
+    calls = link["step_calls"]
+    assert set(calls["scape-99"]) == {"values", "masks"}
+    assert set(calls["dense-overlap"]) == {"grad_values", "param_values"}
+    ring = 1 / 2  # counted: (W-1)/W of each tensor; an all-reduce's tensor booked twice
+    assert calls["dense-no-overlap"]["grad_values"]["nbytes"] == pytest.approx(
+        m["dense-no-overlap"]["bytes_per_rank"]["grad_values"] / ring, rel=1e-3
+    )
+    values = m["scape-99"]["bytes_per_rank"]["grad_values"] * 2 / m["scape-99"]["buckets"]
+    assert calls["scape-99"]["values"]["nbytes"] == pytest.approx(values / ring, rel=1e-2)
+    assert all(c["seconds"] > 0 for kinds in calls.values() for c in kinds.values())
     pts = {p["method"]: p for p in doc["points"]}
     assert set(pts) == set(m) and all(p["floor_s"] > 0 for p in pts.values())
     assert pts["scape-99"]["speedup_vs_best_dense"] > 0
