@@ -8,8 +8,11 @@
 own engine, schedule and data: the time of ``engine.step``, which the trainer logs as
 ``step_time`` (zero grads, forward/backward of the rank's micro-batches, gradient sync,
 optimizer step, parameter sync). Ranks run in network namespaces joined by veths shaped
-with ``tc tbf`` (:mod:`benchmarks.netns`); methods are interleaved step by step inside one
-launch per round; a step counts at its slowest rank.
+with ``tc tbf`` (:mod:`benchmarks.netns`); a step counts at its slowest rank. Each method
+runs in rank processes of its own, as a training run does, in two passes of half the steps
+in mirrored order (A B C D, then D C B A) so a drift of the machine hits all alike
+(:func:`launch_plan`; ``--shared-process`` interleaves them step by step in one launch, the
+old protocol, which slowed SCAPE's step by a fifth at 2 ranks).
 
 **Rounds.** ``sweep``: for each rank count (2, 4) a *floor* round -- the same steps with
 collectives taken out (PyTorch's fake process group; see :mod:`benchmarks.step_rank` for
@@ -41,14 +44,15 @@ with the same settings, an unfinished run keeps its quiet rounds and runs the re
 only the rounds it had to mark noisy or that failed (e.g. after waiting out the load that a
 4-rank round leaves behind, with a longer ``--settle-s``).
 
-**Cost model** (sweep): per round, alpha-beta fits of the bare gloo collectives timed in the
-same namespaces (:func:`benchmarks.costmodel.fit_alpha_beta`, median of each size); a
-method's predicted step = its floor + the exposed time of its collectives (calls per
-step x (W-1) alpha + bytes per rank / bandwidth, per kind: gradient values on the
-reduce-scatter fit, parameters and masks on the all-gather fit; SCAPE's all-reduce is
-both); with the overlap on, what travels during backward (dense: the reduce-scatters;
-SCAPE: its values' all-reduces) hides behind it up to (buckets-1)/buckets of it; SCAPE's
-mask all-gather, made a step ahead, hides behind the step's compute (see :func:`predict`).
+**Cost model** (sweep): a method's predicted step = its floor + the exposed time of its
+collectives. Each call is booked at the seconds of the same collective timed bare in the
+round's namespaces at the step's own size (each method's first launch times them after its
+steps: :func:`benchmarks.step_rank.step_calls`), or, for a call not timed, by the round's
+alpha-beta fit of bare collectives of a few sizes (:func:`benchmarks.costmodel.fit_alpha_beta`).
+With the overlap on, what travels during backward (dense: the reduce-scatters; SCAPE: its
+values' all-reduces) hides behind it up to (buckets-1)/buckets of it, and the last call,
+which starts when backward ends, is always exposed; SCAPE's mask all-gather, made a step
+ahead, hides behind the step's compute (see :func:`predict`).
 
 Writes ``results/bench/megatron_step.json`` (sweep) or ``runs/steptime.json`` (reproduce):
 ``rounds`` (every step of every method at its slowest rank, calibration, protocol record),
@@ -60,6 +64,7 @@ Skips with a message and a JSON saying why when network namespaces are not avail
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -402,9 +407,57 @@ def reproduce_points(rounds: dict[str, dict[str, Any]], methods: list[dict]) -> 
 # ---------------------------------------------------------------------------- running
 
 
+def launch_plan(methods: list[dict], steps: int, warmup: int,
+                shared_process: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """The launches of one round: each ``{"methods", "pass", "steps", "step_offset"}``.
+
+    By default every method runs in processes of its own, as a training run does, in two
+    passes of half the steps in mirrored order (A B C D, then D C B A): a linear drift of
+    the machine hits every method alike. Sharing one process between methods, interleaved
+    step by step (``shared_process``, the old protocol), lets one method's leftovers --
+    gloo's buffers of tens of MB, the allocator's state -- slow another's step: SCAPE-99 at
+    2 ranks x 10 Gbit/s took 235 ms interleaved with the dense methods and 183-204 ms alone.
+    ``step_offset`` renumbers a pass's steps after the previous pass's."""
+    if shared_process:
+        return [{"methods": methods, "pass": 0, "steps": steps, "step_offset": 0}]
+    first = (steps + 1) // 2
+    passes = [(methods, first), (methods[::-1], steps - first)]
+    return [{"methods": [m], "pass": p, "steps": n, "step_offset": p * (warmup + first)}
+            for p, (order, n) in enumerate(passes) if n > 0 for m in order]  # fmt: skip
+
+
+def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+    """Per rank, one result as if every launch of the round had been one: steps renumbered
+    by their launch's ``step_offset``, the first calibration, every method's collective
+    timings, and forward/backward from the first launch that timed a dense method."""
+    merged: list[dict[str, Any]] = []
+    for launch, results in launches:
+        offset = launch["step_offset"]
+        for r, res in enumerate(results):
+            if r == len(merged):
+                merged.append({"rank": r, "mode": res.get("mode"), "methods": {}, "steps": []})
+            out = merged[r]
+            out["methods"].update(res["methods"])
+            out["steps"] += [{**row, "step": row["step"] + offset} for row in res["steps"]]
+            if "calibration" in res and "calibration" not in out:
+                out["calibration"] = res["calibration"]
+            for name, calls in (res.get("step_calls") or {}).items():
+                out.setdefault("step_calls", {}).setdefault(name, calls)
+    for r, out in enumerate(merged):  # a dense method's forward/backward, else any
+        timed = [res[r] for _, res in launches if res[r].get("fwd_bwd")]
+        dense = [x for x in timed
+                 if x["methods"].get(x["fwd_bwd_method"], {}).get("optimizer") != "scape"]  # fmt: skip
+        if timed:
+            out["fwd_bwd_method"] = (dense or timed)[0]["fwd_bwd_method"]
+            out["fwd_bwd"] = (dense or timed)[0]["fwd_bwd"]
+    return merged
+
+
 def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Namespace,
                    tmp: Path, attempt: list[int]) -> dict[str, Any]:  # fmt: skip
-    """Launch one round's ranks (a fresh cluster for it); its summarized record."""
+    """Run one round's launches (:func:`launch_plan`; a fresh cluster for the round); its
+    summarized record."""
     attempt[0] += 1
     w = rnd["world_size"]
     out_dir = tmp / f"{rnd['name']}-try{attempt[0]}"
@@ -412,26 +465,39 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
     calibrate = None
     if rnd["mode"] == "cluster" and args.suite == "sweep":
         calibrate = {"sizes": calibration_sizes(rnd["rate_mbit"], w), "reps": CAL_REPS}
-    spec = {"mode": rnd["mode"], "methods": [{"name": m["name"], "overrides": m["overrides"]}
-                                             for m in methods],
-            "warmup": args.warmup, "steps": args.steps, "calibrate": calibrate,
-            "cache_dir": str(tmp / "dataset_cache"), "timeout_s": args.timeout}  # fmt: skip
+    plan = launch_plan(methods, args.steps, args.warmup, args.shared_process)
     record: dict[str, Any] = {"name": rnd["name"], "mode": rnd["mode"], "world_size": w,
-                              "link": _link_record(link, rnd, args.loopback)}  # fmt: skip
+                              "link": _link_record(link, rnd, args.loopback),
+                              "launches": len(plan)}  # fmt: skip
     start = time.perf_counter()
+    done: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    timed: set[str] = set()  # methods whose collectives are timed (in their first launch)
+    launch_dir = out_dir
     try:
-        if link is None:
-            results = launch_ranks("benchmarks.step_rank", spec, out_dir, world_size=w,
-                                   timeout_s=args.timeout)  # fmt: skip
-        else:
-            with Cluster(w, link) as cluster:
-                results = launch_ranks("benchmarks.step_rank", spec, out_dir, world_size=w,
-                                       cluster=cluster, timeout_s=args.timeout)  # fmt: skip
+        with Cluster(w, link) if link is not None else contextlib.nullcontext() as cluster:
+            for i, launch in enumerate(plan):
+                names = [m["name"] for m in launch["methods"]]
+                spec = {"mode": rnd["mode"],
+                        "methods": [{"name": m["name"], "overrides": m["overrides"]}
+                                    for m in launch["methods"]],
+                        "warmup": args.warmup, "steps": launch["steps"],
+                        "calibrate": calibrate if i == 0 else None,
+                        "time_step_calls": None if calibrate is None or timed.issuperset(names)
+                        else CAL_REPS,
+                        "cache_dir": str(tmp / "dataset_cache"), "timeout_s": args.timeout}  # fmt: skip
+                timed.update(names)
+                launch_dir = out_dir / f"launch{i}"
+                results = launch_ranks("benchmarks.step_rank", spec, launch_dir,
+                                       world_size=w, cluster=cluster, timeout_s=args.timeout)  # fmt: skip
+                done.append((launch, results))
+            if cluster is not None:
                 qdisc = cluster.qdisc_stats()
-            record["tc_dropped_packets"] = sum(int(n) for n in re.findall(r"dropped (\d+)", qdisc))
-        record.update(summarize_round(results, w))
+                record["tc_dropped_packets"] = sum(
+                    int(n) for n in re.findall(r"dropped (\d+)", qdisc)
+                )
+        record.update(summarize_round(merge_launches(done), w))
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        record["error"] = error_summary(err, out_dir, w)
+        record["error"] = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record['error']}", flush=True)
     record["seconds"] = time.perf_counter() - start
     return record
@@ -568,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
         help="beside a study/tests: exit with an error, or write a skip record",
     )
     parser.add_argument(
+        "--shared-process",
+        action="store_true",
+        help="the old protocol: all methods in one launch per round, interleaved step by step "
+        "(default: each method in processes of its own, two passes in mirrored order)",
+    )
+    parser.add_argument(
         "--methods",
         nargs="+",
         default=None,
@@ -623,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         _prepare_data(methods_by_world)
         settings = {"suite": args.suite, "rounds": rounds_plan, "steps": args.steps,
                     "warmup": args.warmup, "loopback": args.loopback,
+                    "shared_process": args.shared_process,
                     "methods": {str(w): [m["overrides"] for m in ms]
                                 for w, ms in methods_by_world.items()}}  # fmt: skip
         settings_clean = json.loads(json.dumps(settings).replace(str(tmp), "<tmp>"))
@@ -656,8 +729,10 @@ def main(argv: list[str] | None = None) -> int:
                 if rnd["mode"] == "floor"
                 else ("loopback" if args.loopback else LinkSpec(rnd["rate_mbit"]).label)
             )
+            how = ("interleaved in one launch" if args.shared_process
+                   else "each in its own launches, 2 passes")  # fmt: skip
             print(f"== round {i}/{len(rounds_plan)} {rnd['name']}: {rnd['world_size']} ranks, "
-                  f"{where}, {len(methods_by_world[rnd['world_size']])} methods interleaved, "
+                  f"{where}, {len(methods_by_world[rnd['world_size']])} methods {how}, "
                   f"{args.warmup}+{args.steps} steps", flush=True)  # fmt: skip
             attempt = [0]
             record = quiet.run_round(

@@ -259,9 +259,23 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
                                if op in f else ("-", "-"))]  # fmt: skip
         fits.append([name, *per_op, f"{q.get('other_cores', 0):.2f}", f"{tries}", _loadavg(q),
                      f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
+    calls = []
+    for name, rnd in rounds.items():
+        for m, kinds in (rnd.get("step_calls") or {}).items():
+            for kind, c in kinds.items():
+                calls.append([name, m, kind, c["op"], _kb(c["nbytes"]), _ms(c["seconds"]),
+                              ", ".join(_ms(t) for t in c["times"])])  # fmt: skip
+    if calls:
+        lines += ["", "What the cost model books per call: each method's own collectives, timed "
+                  "bare in the same namespaces after its steps, at the sizes its step sent (one "
+                  "per kind; bytes booked as in the fits below, an all-reduce as its ring's two "
+                  "passes), each repetition at its slowest rank; the model uses the median.", ""]  # fmt: skip
+        lines += _table(["round", "method", "kind", "collective", "kB booked", "ms median",
+                         "ms per repetition"], calls)  # fmt: skip
     lines += ["", "Calibration and protocol per round: alpha-beta fits of bare gloo collectives "
-              "timed in the same namespaces (median per size; what the cost model uses: "
-              "reduce-scatter and all-gather for dense, all-reduce for SCAPE's values, its bytes "
+              "timed in the same namespaces (median per size; the cost model falls back to "
+              "them for a call the round did not time: reduce-scatter and all-gather for dense, "
+              "all-reduce for SCAPE's values, its bytes "
               "booked as the ring's two passes), other processes' CPU while the round ran "
               "(cores), tries (a disturbed round is re-run), load and duration. gloo's own "
               "reduce-scatter sends about twice the ring's volume (wire / counted above), its "

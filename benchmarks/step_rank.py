@@ -9,8 +9,9 @@ each one's engine with the stage's own :func:`pipelines.training.engine.build_en
 Megatron-Core model, DDP and dense or SCAPE optimizer the trainer uses), its lr schedule with
 the trainer's, and feeds all of them the trainer's data for each step. Then it times
 ``engine.step`` -- the very call whose wall time the trainer logs as ``step_time`` --
-for every method, **interleaved** step by step (the order rotated each step, a barrier
-before each) so a drift in machine load hits all methods alike. Nothing here depends on how
+for every method of the spec, **interleaved** step by step (the order rotated each step, a
+barrier before each). The harness gives each launch one method by default, so that no
+method runs in a process another has used. Nothing here depends on how
 SCAPE's step works inside: a new step is measured as soon as the optimizer config builds it.
 
 Two modes:
@@ -248,13 +249,14 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             if rank == 0:
                 row.update(bytes=sent, loss=res.loss)
             result["steps"].append(row)
-    if mode == "cluster" and cal:
+    if mode == "cluster" and spec.get("time_step_calls"):
         # each method's own collectives, bare, at the sizes its step just sent: gloo's
         # CPU-bound collectives are not linear in size, so the model times these
         result["step_calls"] = {}
         for name in names:
             wanted = step_calls(info[name], last_sent[name], world)
-            timed = time_collectives([(c["op"], c["nbytes"]) for c in wanted], cal["reps"], ifname)
+            timed = time_collectives([(c["op"], c["nbytes"]) for c in wanted],
+                                     int(spec["time_step_calls"]), ifname)  # fmt: skip
             result["step_calls"][name] = [{"kind": c["kind"], "tensor_nbytes": c["nbytes"], **t}
                                           for c, t in zip(wanted, timed, strict=True)]  # fmt: skip
     if mode == "floor":

@@ -59,6 +59,45 @@ def test_a_step_counts_at_its_slowest_rank():
     assert s["wire_bytes_per_rank"] == 1500.0  # mean over ranks, median over steps
 
 
+def test_each_method_runs_in_its_own_launches_in_two_mirrored_passes():
+    a, b, c = ({"name": n} for n in "abc")
+    plan = ms.launch_plan([a, b, c], 5, 3, shared_process=False)
+    assert [(lp["methods"][0]["name"], lp["pass"], lp["steps"]) for lp in plan] == [
+        ("a", 0, 3), ("b", 0, 3), ("c", 0, 3), ("c", 1, 2), ("b", 1, 2), ("a", 1, 2)]  # fmt: skip
+    assert all(len(lp["methods"]) == 1 for lp in plan)
+    assert {lp["step_offset"] for lp in plan if lp["pass"] == 1} == {3 + 3}  # after pass 0
+    assert len(ms.launch_plan([a, b], 1, 3, shared_process=False)) == 2  # one step: one pass
+    assert ms.launch_plan([a, b], 5, 3, shared_process=True) == [
+        {"methods": [a, b], "pass": 0, "steps": 5, "step_offset": 0}]  # fmt: skip
+
+
+def test_launches_merge_into_one_result_per_rank():
+    plan = ms.launch_plan([{"name": "d"}, {"name": "s"}], 2, 1, shared_process=False)
+    info = {"d": {"optimizer": "adams"}, "s": {"optimizer": "scape"}}
+    done = []
+    for i, lp in enumerate(plan):
+        name = lp["methods"][0]["name"]
+        extra = {"fwd_bwd_method": name, "fwd_bwd": [[0.1 * (i + 1), 0.2]],
+                 "step_calls": {name: [{"kind": "k", "launch": i}]}}  # fmt: skip
+        if i == 0:
+            extra["calibration"] = [{"op": "all_reduce", "launch": 0}]
+        done.append((lp, [dict(_rank(r, {name: [1.0 + i, 2.0 + i]}, {name: info[name]}), **extra)
+                          for r in range(2)]))  # fmt: skip
+    merged = ms.merge_launches(done)
+    assert len(merged) == 2 and set(merged[1]["methods"]) == {"d", "s"}
+    # pass 1's steps come after pass 0's warm-up and measured step: one of each, per method
+    assert sorted((r["method"], r["step"]) for r in merged[0]["steps"]) == [
+        ("d", 0), ("d", 1), ("d", 2), ("d", 3), ("s", 0), ("s", 1), ("s", 2), ("s", 3)]  # fmt: skip
+    assert merged[0]["calibration"] == [{"op": "all_reduce", "launch": 0}]
+    assert merged[0]["step_calls"] == {"d": [{"kind": "k", "launch": 0}],
+                                       "s": [{"kind": "k", "launch": 1}]}  # fmt: skip
+    assert merged[0]["fwd_bwd_method"] == "d" and merged[0]["fwd_bwd"] == [[0.1, 0.2]]
+    steps_only = [{k: v for k, v in m.items() if k not in ("calibration", "step_calls")}
+                  for m in merged]  # fmt: skip
+    summary = ms.summarize_round(steps_only, 2)["methods"]
+    assert summary["d"]["step_s_all"] == [2.0, 5.0] and summary["s"]["n_steps"] == 2
+
+
 def test_calibration_is_fitted_on_the_slowest_rank_of_each_repetition():
     link = AlphaBeta(50e-6, 100e6)
     cal = []
