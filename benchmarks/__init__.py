@@ -16,7 +16,7 @@ Entry points (each ``python -m benchmarks.<name>``, each writes one JSON file):
   report      results/bench/README.md from the JSON files
 Pieces:
   quiet       the quiet-machine protocol every entry point follows (load, re-runs, noisy)
-  step_rank   a rank of megatron_step: the stage's engines stepped interleaved, or the floor
+  step_rank   a rank of megatron_step: the stage's engines of a launch stepped, or the floor
   pretrain_rank  a rank of peers_cluster: the pretrain stage's trainer, unchanged
   netns       the namespaces, bridge, veths and shapers; always torn down
   launch      one rank process per namespace (or on loopback), results as JSON

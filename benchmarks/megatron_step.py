@@ -1,6 +1,6 @@
 """`make bench-step`: the pretrain stage's Megatron-Core train step on an emulated cluster.
 
-    python -m benchmarks.megatron_step                     # the sweep (issue 14), ~20 min
+    python -m benchmarks.megatron_step                     # the sweep (issue 14), ~45 min
     python -m benchmarks.megatron_step --suite reproduce   # make reproduce-table's step times
 
 **What is timed.** Each method is a pretrain-stage configuration (``optimizer=adams``,
@@ -36,8 +36,8 @@ scale (Llama-1.8B has 45 buckets of 40M).
 **Quiet machine** (:mod:`benchmarks.quiet`): refuses to start beside a study, the tests or
 another benchmark; each round is one protocol round (load before/after, other processes'
 CPU, re-run when disturbed, else marked noisy). **Bounded:** ``--budget-min``
-stops starting rounds or re-runs after that many minutes (40), so a run ends by then plus the
-round in progress (at most ~4 min); a launch has a timeout.
+stops starting rounds or re-runs after that many minutes (60), so a run ends by then plus the
+round in progress (at most ~8 min); a launch has a timeout.
 **Resumable:** the JSON is written after every round; started again at the same commit
 with the same settings, an unfinished run keeps its quiet rounds and runs the rest
 (``--fresh`` starts over); ``--rerun-noisy`` does the same for a finished run, running again
@@ -120,6 +120,9 @@ CAL_SIZES = [1 << 16, 1 << 20, 1 << 23, 1 << 25]
 CAL_REPS = 3
 CAL_MAX_S = 1.5  # largest calibration message: at most this long at the link's rate
 MAX_ROUND_S = 900.0
+# A method's slower pass (median step) over its faster one above this: the machine or the
+# links changed during the round (e.g. one pass at half the link rate), so it is re-run.
+PASS_SPREAD_MAX = 1.5
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -454,6 +457,29 @@ def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
     return merged
 
 
+def pass_check(methods: dict[str, dict[str, Any]], plan: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each method's median step in each pass (``pass_medians``), and ``disturbed`` when a
+    method's passes differ by more than PASS_SPREAD_MAX: the two passes run the same steps,
+    so only a change of the machine or the links between them makes them disagree."""
+    first = {lp["methods"][0]["name"]: lp["steps"] for lp in plan if lp["pass"] == 0}
+    medians, worst = {}, None
+    for name, e in methods.items():
+        n0 = first.get(name, 0)
+        halves = [e["step_s_all"][:n0], e["step_s_all"][n0:]]
+        if len(plan) < 2 or not all(halves):
+            continue
+        medians[name] = [statistics.median(h) for h in halves]
+        spread = max(medians[name]) / min(medians[name])
+        if spread > PASS_SPREAD_MAX and (worst is None or spread > worst[0]):
+            worst = (spread, name)
+    out: dict[str, Any] = {"pass_medians": medians} if medians else {}
+    if worst:
+        a, b = medians[worst[1]]
+        out["disturbed"] = (f"its two passes disagree: {worst[1]} {a:.3g} s then {b:.3g} s "
+                            f"(x{worst[0]:.2f} > x{PASS_SPREAD_MAX})")  # fmt: skip
+    return out
+
+
 def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Namespace,
                    tmp: Path, attempt: list[int]) -> dict[str, Any]:  # fmt: skip
     """Run one round's launches (:func:`launch_plan`; a fresh cluster for the round); its
@@ -496,6 +522,7 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
                     int(n) for n in re.findall(r"dropped (\d+)", qdisc)
                 )
         record.update(summarize_round(merge_launches(done), w))
+        record.update(pass_check(record["methods"], plan))
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
         record["error"] = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record['error']}", flush=True)
@@ -609,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-min",
         type=float,
-        default=40.0,
+        default=60.0,
         help="start no round or re-run after this many minutes",
     )
     parser.add_argument("--timeout", type=float, default=MAX_ROUND_S, help="seconds per launch")

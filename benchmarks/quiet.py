@@ -213,6 +213,9 @@ def run_round(
 ) -> dict[str, Any]:
     """Run ``fn`` (one benchmark round, returning its JSON record) under the protocol.
 
+    A record's own ``disturbed`` (a reason the round found in its figures, e.g. two passes of
+    the same steps that disagree) counts like a load or CPU disturbance.
+
     Returns the last attempt's record plus ``quiet``: every attempt's load before/after,
     other processes' cores, settle wait and verdict, and ``noisy`` (with ``noisy_reason``)
     when even the last try was disturbed. No re-run starts after ``deadline``
@@ -233,6 +236,8 @@ def run_round(
         if other > protocol.max_other_cores:
             reasons.append(f"other processes used {other:.2f} cores while it ran "
                            f"(> {protocol.max_other_cores})")  # fmt: skip
+        if record.get("disturbed"):  # what the round found in its own figures
+            reasons.append(record["disturbed"])
         attempts.append({"attempt": attempt + 1, "load_before": load_before,
                          "load_after": load_after, "other_cores": other,
                          "settle_wait_s": waited, "seconds": wall,

@@ -98,6 +98,17 @@ def test_launches_merge_into_one_result_per_rank():
     assert summary["d"]["step_s_all"] == [2.0, 5.0] and summary["s"]["n_steps"] == 2
 
 
+def test_passes_that_disagree_mark_the_round_disturbed():
+    plan = ms.launch_plan([{"name": "d"}, {"name": "s"}], 4, 1, shared_process=False)
+    steady = {"d": {"step_s_all": [8.2, 8.4, 8.3, 8.2]}, "s": {"step_s_all": [0.3, 0.4, 0.4, 0.3]}}
+    check = ms.pass_check(steady, plan)
+    assert check["pass_medians"]["d"] == [8.3, 8.25] and "disturbed" not in check
+    halved = dict(steady, d={"step_s_all": [15.5, 16.0, 8.2, 8.3]})  # pass 0 at half the rate
+    assert "d 15.8 s then 8.25 s" in ms.pass_check(halved, plan)["disturbed"]
+    shared = ms.launch_plan([{"name": "d"}, {"name": "s"}], 4, 1, shared_process=True)
+    assert ms.pass_check(halved, shared) == {}  # one launch: no passes to compare
+
+
 def test_calibration_is_fitted_on_the_slowest_rank_of_each_repetition():
     link = AlphaBeta(50e-6, 100e6)
     cal = []
