@@ -43,12 +43,15 @@ NOTES = [
     "(dense: reduce-scatter and all-gather; SCAPE: all-reduce and the mask all-gather).",
     "- On 2 CPU cores 4 ranks share the cores, so their compute is time-sliced: the 4-rank "
     "floor includes that, and the 4-rank speed-ups are not a scaling result.",
-    "- The cost model's misses have a direction: it is mostly low for SCAPE (its all-reduces, "
-    "started during backward, are booked as hidden, and their transfer is a few ms, yet the "
-    "step runs above its floor: gloo's threads reduce and copy on the same 2 cores as the "
-    "compute, and a step waits for its slowest rank, neither of which the fake-group floor "
-    "has) and high for dense AdamS at 10 Gbit/s (there the bare collectives it is fitted to "
-    "are CPU-bound, and the fits move from round to round).",
+    "- The cost model books each call at the same collective timed bare at the step's own "
+    "size (table below the per-link one). gloo's collectives on these 2 cores are CPU-bound "
+    "and not linear in size (a 32 MB reduce-scatter takes 7-10x an 8 MB one), so one "
+    "alpha-beta line through 64 kB-32 MB booked dense AdamS's 10 MB buckets up to 2x too "
+    "long. Its remaining misses: at 100 Mbit/s SCAPE's bare value all-reduces take longer "
+    "than in a step (SCAPE-90, model high), and at 4 ranks the fake-group floor is above the "
+    "real step (4 ranks time-slice 2 cores; in a real step they wait on the network in "
+    "turn, and a rank's clock starts only when it leaves the barrier), so step / floor "
+    "drops below 1 and the model, floor-based, is high.",
     "- SCAPE has no parameter all-gather: every rank decodes the summed buffer and updates "
     "all N entries itself, so its optimizer-side work is O(N) per rank where dense ZeRO-1's "
     "is O(N/W) (section 3); on a GPU these are memory-bound kernels, modeled in section 3 "
@@ -143,6 +146,16 @@ STEP_TARGETS = {  # issue 14's done-means, measured on the Megatron step (1 Gbit
 }
 
 
+def _protocol(doc: dict[str, Any]) -> str:
+    """How the round's methods shared processes (runs before the per-method launches had
+    one launch per round)."""
+    if (doc.get("settings") or {}).get("shared_process", True):
+        return "methods interleaved step by step in one launch per round"
+    return ("each method in rank processes of its own, as a training run, in two passes of "
+            "half the steps in mirrored order (A B C D, then D C B A) so a drift of the "
+            "machine hits all alike")  # fmt: skip
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.0f}"
 
@@ -179,8 +192,8 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         "method is a pretrain-stage configuration built and stepped by the stage's own engine "
         "(`pipelines.training.engine.build_engine`, the trainer's schedule and data); the time "
         "is that of `engine.step`, which the trainer logs as `step_time`. Ranks in network "
-        "namespaces behind `tc tbf` links; methods interleaved step by step in one launch per "
-        "round; a step counts at its slowest rank; median and quartiles over "
+        f"namespaces behind `tc tbf` links; {_protocol(doc)}; "
+        "a step counts at its slowest rank; median and quartiles over "
         f"{doc.get('steps')} measured steps per method after {doc.get('warmup')} left out. "
         f"Model: {any_m.get('model', '?')}, {any_m.get('n_params', 0) / 1e6:.1f}M parameters, "
         f"{any_m.get('tokens_per_rank_step', '?')} tokens per rank per step, fp32 on CPU "

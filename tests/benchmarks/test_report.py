@@ -70,6 +70,16 @@ def test_section_2_and_the_targets_from_the_harness_json(tmp_path):
     assert "SCAPE-90 >= x2.5 | not measured" in targets
 
 
+def test_section_2_says_how_the_methods_shared_processes(tmp_path):
+    doc = _doc([_point(2, "scape-99", 0.11, 0.10, 5.2, 5.5, 5.2)])
+    (tmp_path / "megatron_step.json").write_text(json.dumps(doc))
+    assert "methods interleaved step by step in one launch" in report.render(tmp_path)
+    doc["settings"] = {"shared_process": False}
+    (tmp_path / "megatron_step.json").write_text(json.dumps(doc))
+    md = report.render(tmp_path)
+    assert "each method in rank processes of its own" in md and "interleaved" not in md
+
+
 def test_missing_or_skipped_harness_says_so(tmp_path):
     assert "Not measured yet: `make bench-step`" in report.render(tmp_path)
     (tmp_path / "megatron_step.json").write_text(json.dumps({"skipped": "not root: x"}))
