@@ -14,10 +14,13 @@ in mirrored order (A B C D, then D C B A) so a drift of the machine hits all ali
 (:func:`launch_plan`; ``--shared-process`` interleaves them step by step in one launch, the
 old protocol, which slowed SCAPE's step by a fifth at 2 ranks).
 
-**Rounds.** ``sweep``: for each rank count (2, 4) a *floor* round -- the same steps with
-collectives taken out (PyTorch's fake process group; see :mod:`benchmarks.step_rank` for
-what it includes and excludes) -- then one round per link rate (100 Mbit/s, 1 Gbit/s,
-10 Gbit/s). Methods: dense AdamS with Megatron's gradient reduce-scatter overlapped with
+**Rounds.** ``sweep``: for each rank count (2, 4) one round per link rate (100 Mbit/s,
+1 Gbit/s, 10 Gbit/s), in which each method's launch is paired with its *floor* launch --
+the same steps with collectives taken out (PyTorch's fake process group; see
+:mod:`benchmarks.step_rank` for what it includes and excludes) -- run right after it (and
+right before it in the mirrored pass): this machine's speed drifts by up to x1.6 within an
+hour with the load average unchanged, so a floor is only comparable with steps timed in
+the same minutes. Methods: dense AdamS with Megatron's gradient reduce-scatter overlapped with
 backward (``train.overlap_grad_reduce=true``) and not, SCAPE-90, SCAPE-99 (their configs as
 users run them). ``reproduce``: one round, 2 ranks at 1 Gbit/s, of the tiny reproduction's
 experiments and optimizers (what ``make reproduce-table`` trains); it writes the
@@ -127,17 +130,16 @@ PASS_SPREAD_MAX = 1.5
 
 # ---------------------------------------------------------------------------- the plan
 def plan_rounds(suite: str, worlds: list[int], rates: list[float]) -> list[dict[str, Any]]:
-    """The rounds in order: per rank count a floor round then one per link rate (sweep);
-    one 2-rank round at the first rate (reproduce)."""
+    """The rounds in order: per rank count one per link rate, each with its methods' compute-
+    only floors measured beside their steps (sweep); one 2-rank round at the first rate
+    (reproduce). (Earlier runs had one floor round per rank count, ``floor-w<W>``; their JSON
+    still reads. The machine's speed drifts by up to x1.6 over an hour, unseen by the load
+    average, so a floor from another round mismeasured step / floor and the model.)"""
     if suite == "reproduce":
         return [{"name": f"w{worlds[0]}-{LinkSpec(rates[0]).label}", "mode": "cluster",
                  "world_size": worlds[0], "rate_mbit": rates[0]}]  # fmt: skip
-    rounds = []
-    for w in worlds:
-        rounds.append({"name": f"floor-w{w}", "mode": "floor", "world_size": w, "rate_mbit": None})
-        rounds += [{"name": f"w{w}-{LinkSpec(r).label}", "mode": "cluster", "world_size": w,
-                    "rate_mbit": r} for r in rates]  # fmt: skip
-    return rounds
+    return [{"name": f"w{w}-{LinkSpec(r).label}", "mode": "cluster", "world_size": w,
+             "rate_mbit": r, "floor": True} for w in worlds for r in rates]  # fmt: skip
 
 
 def _common(world: int, data_root: Path, output_root: Path) -> list[str]:
@@ -203,7 +205,7 @@ def _slowest_steps(results: list[dict[str, Any]]) -> dict[str, dict[int, float]]
 def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]:
     """Per method: the step at its slowest rank (median, quartiles, range), bytes counted by
     rank 0's engine and sent on the wire per rank, the loss; the calibration per op and size
-    (slowest rank per repetition) and, in a floor round, forward and backward seconds."""
+    (slowest rank per repetition) and, from floor launches, forward and backward seconds."""
     slow = _slowest_steps(results)
     r0 = results[0]
     methods = {}
@@ -352,7 +354,9 @@ def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if rnd.get("mode") != "cluster" or "methods" not in rnd:
             continue
         w = rnd["world_size"]
-        floor = rounds.get(f"floor-w{w}", {})
+        # the round's own floors; an older run's floor round of the same rank count
+        floor = rnd.get("floor") or rounds.get(f"floor-w{w}", {})
+        floor_noisy = ((rnd if "floor" in rnd else floor).get("quiet") or {}).get("noisy")
         floor_methods = floor.get("methods", {})
         backward = (floor.get("fwd_bwd") or {}).get("backward_s")
         for m, e in rnd["methods"].items():
@@ -362,7 +366,7 @@ def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "rate_mbit": rnd["link"]["rate_mbit"], "method": m, "label": e["label"],
                 "step_s": e["step_s"], "step_s_p25": e["step_s_p25"], "step_s_p75": e["step_s_p75"],
                 "step_s_min": e["step_s_min"], "step_s_max": e["step_s_max"], "n_steps": e["n_steps"],
-                "floor_s": f, "floor_noisy": (floor.get("quiet") or {}).get("noisy"),
+                "floor_s": f, "floor_noisy": floor_noisy, "floor_in_round": "floor" in rnd,
                 "step_over_floor": e["step_s"] / f if f else None,
                 "comm_over_compute": (e["step_s"] - f) / f if f else None,
                 "bytes_per_rank": e["bytes_per_rank_total"],
@@ -410,9 +414,10 @@ def reproduce_points(rounds: dict[str, dict[str, Any]], methods: list[dict]) -> 
 # ---------------------------------------------------------------------------- running
 
 
-def launch_plan(methods: list[dict], steps: int, warmup: int,
-                shared_process: bool) -> list[dict[str, Any]]:  # fmt: skip
-    """The launches of one round: each ``{"methods", "pass", "steps", "step_offset"}``.
+def launch_plan(methods: list[dict], steps: int, warmup: int, shared_process: bool,
+                floor: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """The launches of one round: each ``{"methods", "pass", "steps", "step_offset", "mode"}``
+    (``mode`` None: the round's own; ``"floor"``: the compute-only floor).
 
     By default every method runs in processes of its own, as a training run does, in two
     passes of half the steps in mirrored order (A B C D, then D C B A): a linear drift of
@@ -420,13 +425,23 @@ def launch_plan(methods: list[dict], steps: int, warmup: int,
     step by step (``shared_process``, the old protocol), lets one method's leftovers --
     gloo's buffers of tens of MB, the allocator's state -- slow another's step: SCAPE-99 at
     2 ranks x 10 Gbit/s took 235 ms interleaved with the dense methods and 183-204 ms alone.
-    ``step_offset`` renumbers a pass's steps after the previous pass's."""
+    ``step_offset`` renumbers a pass's steps after the previous pass's.
+
+    With ``floor``, each launch is followed (pass 0) or preceded (pass 1) by the same
+    method's floor launch, so that step and floor are measured minutes apart, in the same
+    state of the machine, and the floors' order mirrors too."""
     if shared_process:
-        return [{"methods": methods, "pass": 0, "steps": steps, "step_offset": 0}]
+        plan = [{"methods": methods, "pass": 0, "steps": steps, "step_offset": 0, "mode": None}]
+        return plan + [dict(plan[0], mode="floor")] if floor else plan
     first = (steps + 1) // 2
     passes = [(methods, first), (methods[::-1], steps - first)]
-    return [{"methods": [m], "pass": p, "steps": n, "step_offset": p * (warmup + first)}
-            for p, (order, n) in enumerate(passes) if n > 0 for m in order]  # fmt: skip
+    plan = []
+    for p, (order, n) in enumerate(passes):
+        for m in order if n > 0 else ():
+            lp = {"methods": [m], "pass": p, "steps": n, "step_offset": p * (warmup + first)}
+            pair = [dict(lp, mode=None), dict(lp, mode="floor")] if floor else [dict(lp, mode=None)]
+            plan += pair[::-1] if p else pair
+    return plan
 
 
 def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
@@ -491,7 +506,8 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
     calibrate = None
     if rnd["mode"] == "cluster" and args.suite == "sweep":
         calibrate = {"sizes": calibration_sizes(rnd["rate_mbit"], w), "reps": CAL_REPS}
-    plan = launch_plan(methods, args.steps, args.warmup, args.shared_process)
+    with_floor = bool(rnd.get("floor")) and rnd["mode"] == "cluster"
+    plan = launch_plan(methods, args.steps, args.warmup, args.shared_process, with_floor)
     record: dict[str, Any] = {"name": rnd["name"], "mode": rnd["mode"], "world_size": w,
                               "link": _link_record(link, rnd, args.loopback),
                               "launches": len(plan)}  # fmt: skip
@@ -503,26 +519,38 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
         with Cluster(w, link) if link is not None else contextlib.nullcontext() as cluster:
             for i, launch in enumerate(plan):
                 names = [m["name"] for m in launch["methods"]]
-                spec = {"mode": rnd["mode"],
+                mode = launch["mode"] or rnd["mode"]
+                own = mode == rnd["mode"]  # a floor launch of a cluster round: no cluster
+                spec = {"mode": mode,
                         "methods": [{"name": m["name"], "overrides": m["overrides"]}
                                     for m in launch["methods"]],
                         "warmup": args.warmup, "steps": launch["steps"],
                         "calibrate": calibrate if i == 0 else None,
-                        "time_step_calls": None if calibrate is None or timed.issuperset(names)
-                        else CAL_REPS,
+                        "time_step_calls": None if calibrate is None or not own
+                        or timed.issuperset(names) else CAL_REPS,
                         "cache_dir": str(tmp / "dataset_cache"), "timeout_s": args.timeout}  # fmt: skip
-                timed.update(names)
+                if own:
+                    timed.update(names)
                 launch_dir = out_dir / f"launch{i}"
-                results = launch_ranks("benchmarks.step_rank", spec, launch_dir,
-                                       world_size=w, cluster=cluster, timeout_s=args.timeout)  # fmt: skip
+                results = launch_ranks("benchmarks.step_rank", spec, launch_dir, world_size=w,
+                                       cluster=cluster if own else None, timeout_s=args.timeout)  # fmt: skip
                 done.append((launch, results))
             if cluster is not None:
                 qdisc = cluster.qdisc_stats()
                 record["tc_dropped_packets"] = sum(
                     int(n) for n in re.findall(r"dropped (\d+)", qdisc)
                 )
-        record.update(summarize_round(merge_launches(done), w))
-        record.update(pass_check(record["methods"], plan))
+        own_plan = [lp for lp in plan if lp["mode"] is None]
+        record.update(summarize_round(merge_launches([d for d in done if d[0]["mode"] is None]), w))
+        check = pass_check(record["methods"], own_plan)
+        if with_floor:
+            floor_plan = [lp for lp in plan if lp["mode"] == "floor"]
+            floor = summarize_round(merge_launches([d for d in done if d[0]["mode"]]), w)
+            floor_check = pass_check(floor["methods"], floor_plan)
+            record["floor"] = {**floor, **floor_check}
+            if "disturbed" in floor_check:
+                check["disturbed"] = "floor: " + floor_check["disturbed"]
+        record.update(check)
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
         record["error"] = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record['error']}", flush=True)
@@ -685,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     reproduce = args.suite == "reproduce"
     args.worlds = args.worlds or ([2] if reproduce else [2, 4])
     # CPU-bound rounds first, the slow link last: its ranks mostly wait, so the load the next
-    # rank count's floor round must settle from is low
+    # rank count's first round must settle from is low
     args.rates_mbit = args.rates_mbit or ([1000.0] if reproduce else [10000.0, 1000.0, 100.0])
     args.steps = args.steps or (8 if reproduce else 10)
     args.out = args.out or Path(
@@ -758,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             how = ("interleaved in one launch" if args.shared_process
                    else "each in its own launches, 2 passes")  # fmt: skip
+            how += ", each beside its floor" if rnd.get("floor") else ""
             print(f"== round {i}/{len(rounds_plan)} {rnd['name']}: {rnd['world_size']} ranks, "
                   f"{where}, {len(methods_by_world[rnd['world_size']])} methods {how}, "
                   f"{args.warmup}+{args.steps} steps", flush=True)  # fmt: skip

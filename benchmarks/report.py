@@ -156,6 +156,18 @@ def _protocol(doc: dict[str, Any]) -> str:
             "machine hits all alike")  # fmt: skip
 
 
+def _floor_protocol(rounds: dict[str, dict[str, Any]]) -> str:
+    """Where the floors were measured: beside each round's steps, or (older runs) in one
+    floor round per rank count."""
+    if any("floor" in r for r in rounds.values()):
+        return ("Each round measures its own floors: every method's floor launch runs right "
+                "after its launch on the link (right before it in the mirrored pass), since "
+                "this machine's speed drifts by up to x1.6 within an hour with the load "
+                "average unchanged, and a floor from another round would not be comparable.")  # fmt: skip
+    return ("Measured in one floor round per rank count, before its link rounds (a floor and "
+            "the steps it is compared with may be up to an hour apart).")  # fmt: skip
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.0f}"
 
@@ -213,23 +225,26 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         "collective returns at once, locally. It includes forward, backward, Megatron's bucket "
         "bookkeeping, SCAPE's selection, packing and decoding, the optimizer update and the "
         "local copies the collectives' outputs need; it excludes every transfer, every "
-        "reduction across ranks and every wait for another rank (`benchmarks/step_rank.py`).",
+        "reduction across ranks and every wait for another rank (`benchmarks/step_rank.py`). "
+        + _floor_protocol(rounds),
         "",
     ]
     floors = []
     for name, rnd in rounds.items():
-        if rnd.get("mode") != "floor":
+        # a round's own floors (measured beside its steps), or an older run's floor round
+        floor = rnd if rnd.get("mode") == "floor" else rnd.get("floor")
+        if floor is None:
             continue
         if "error" in rnd:
             floors.append([name, "error", rnd["error"].splitlines()[0][:120], "", "", "", ""])
             continue
-        fb = rnd.get("fwd_bwd") or {}
+        fb = floor.get("fwd_bwd") or {}
         q = rnd.get("quiet") or {}
-        for m, e in rnd["methods"].items():
-            floors.append([f"{rnd['world_size']}", m, f"{_ms(e['step_s'])} [{_ms(e['step_s_p25'])}-{_ms(e['step_s_p75'])}]",
+        for m, e in floor["methods"].items():
+            floors.append([name, m, f"{_ms(e['step_s'])} [{_ms(e['step_s_p25'])}-{_ms(e['step_s_p75'])}]",
                            _ms(fb.get("forward_s")), _ms(fb.get("backward_s")),
                            _loadavg(q), f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
-    lines += _table(["ranks", "method", "floor ms median [quartiles]", "forward ms (dense)",
+    lines += _table(["round", "method", "floor ms median [quartiles]", "forward ms (dense)",
                      "backward ms (dense)", "load before / after", "round s"], floors)  # fmt: skip
     rows, status = [], {}
     for p in points:

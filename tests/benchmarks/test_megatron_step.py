@@ -1,6 +1,7 @@
 """The Megatron-step harness: its summaries on synthetic rank results, the cost model, resume
-and skip records, and real runs of the pretrain stage's engines -- a compute-only floor round
-in PyTorch's fake process group and a round in network namespaces (loopback without root)."""
+and skip records, and real runs of the pretrain stage's engines -- a round in network
+namespaces (loopback without root) with each method's compute-only floor beside it, in
+PyTorch's fake process group."""
 
 import json
 import math
@@ -18,12 +19,14 @@ TINY = ["model.num_layers=1", "model.hidden_size=64", "model.num_attention_heads
         "model.ffn_hidden_size=128", "train.bucket_size=200000"]  # fmt: skip
 
 
-def test_plan_has_a_floor_round_before_each_rank_counts_links():
-    names = [r["name"] for r in ms.plan_rounds("sweep", [2, 4], [100, 1000, 10000])]
-    assert names == ["floor-w2", "w2-100mbit", "w2-1gbit", "w2-10gbit",
-                     "floor-w4", "w4-100mbit", "w4-1gbit", "w4-10gbit"]  # fmt: skip
+def test_plan_has_a_round_per_link_each_with_its_own_floors():
+    rounds = ms.plan_rounds("sweep", [2, 4], [100, 1000, 10000])
+    assert [r["name"] for r in rounds] == ["w2-100mbit", "w2-1gbit", "w2-10gbit",
+                                           "w4-100mbit", "w4-1gbit", "w4-10gbit"]  # fmt: skip
+    assert all(r["mode"] == "cluster" and r["floor"] for r in rounds)
     (only,) = ms.plan_rounds("reproduce", [2], [1000])
     assert only["mode"] == "cluster" and only["world_size"] == 2 and only["rate_mbit"] == 1000
+    assert not only.get("floor")  # the table needs step times only
 
 
 def test_calibration_messages_stay_short_on_slow_links():
@@ -68,7 +71,20 @@ def test_each_method_runs_in_its_own_launches_in_two_mirrored_passes():
     assert {lp["step_offset"] for lp in plan if lp["pass"] == 1} == {3 + 3}  # after pass 0
     assert len(ms.launch_plan([a, b], 1, 3, shared_process=False)) == 2  # one step: one pass
     assert ms.launch_plan([a, b], 5, 3, shared_process=True) == [
-        {"methods": [a, b], "pass": 0, "steps": 5, "step_offset": 0}]  # fmt: skip
+        {"methods": [a, b], "pass": 0, "steps": 5, "step_offset": 0, "mode": None}]  # fmt: skip
+
+
+def test_each_launch_sits_beside_its_floor_launch_and_the_pairs_mirror():
+    a, b = {"name": "a"}, {"name": "b"}
+    plan = ms.launch_plan([a, b], 4, 1, shared_process=False, floor=True)
+    assert [(lp["methods"][0]["name"], lp["pass"], lp["mode"]) for lp in plan] == [
+        ("a", 0, None), ("a", 0, "floor"), ("b", 0, None), ("b", 0, "floor"),
+        ("b", 1, "floor"), ("b", 1, None), ("a", 1, "floor"), ("a", 1, None)]  # fmt: skip
+    # a floor launch runs the same steps as its partner, so their steps pair one to one
+    for steps, floors in zip(plan[::2], plan[1::2], strict=True):
+        assert (steps["steps"], steps["step_offset"]) == (floors["steps"], floors["step_offset"])
+    shared = ms.launch_plan([a, b], 4, 1, shared_process=True, floor=True)
+    assert [lp["mode"] for lp in shared] == [None, "floor"]
 
 
 def test_launches_merge_into_one_result_per_rank():
@@ -264,7 +280,13 @@ def test_points_join_each_round_with_its_floor_and_model():
     pts = {p["method"]: p for p in ms.sweep_points({"floor-w2": floor, "w2-1gbit": cl})}
     d, s = pts["dense-no-overlap"], pts["scape-99"]
     assert d["floor_s"] == 0.1 and d["comm_over_compute"] == pytest.approx(4.0)
-    assert s["step_over_floor"] == pytest.approx(1.25)
+    assert s["step_over_floor"] == pytest.approx(1.25) and not s["floor_in_round"]
+    # a round's own floors, measured beside its steps, come before another round's
+    own = dict(cl, floor={"methods": {m: _m([0.05] * 3) for m in cl["methods"]},
+                          "fwd_bwd": {"backward_s": 0.02}})  # fmt: skip
+    pts_own = {p["method"]: p for p in ms.sweep_points({"floor-w2": floor, "w2-1gbit": own})}
+    assert pts_own["scape-99"]["floor_s"] == 0.05 and pts_own["scape-99"]["floor_in_round"]
+    assert pts_own["dense-no-overlap"]["predicted"]["floor"] == 0.05
     assert s["speedup_vs_dense-no-overlap"] == 2.0 and s["speedup_vs_dense-overlap"] == 1.6
     assert s["speedup_vs_best_dense"] == 1.6
     want = ms.predict(cl["methods"]["dense-no-overlap"], 0.1, 0.05, FITS, 2)["total"]
@@ -341,13 +363,17 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
             "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
     assert ms.main(argv) == 0
     doc = json.loads(out.read_text())
-    assert doc["complete"] and list(doc["rounds"]) == ["floor-w2", "w2-1gbit"]
-    floor, link = doc["rounds"]["floor-w2"], doc["rounds"]["w2-1gbit"]
+    assert doc["complete"] and list(doc["rounds"]) == ["w2-1gbit"]
+    link = doc["rounds"]["w2-1gbit"]
+    assert "error" not in link, link.get("error")
+    assert link["quiet"]["load_before"] >= 0 and len(link["quiet"]["attempts"]) == 1
+    floor = link["floor"]  # each method's floor launch, beside its launch on the link
+    assert link["launches"] == 2 * 2 * 3  # 2 passes x (steps, floor) x 3 methods
     for rnd in (floor, link):
-        assert "error" not in rnd, rnd.get("error")
         assert set(rnd["methods"]) == {"dense-overlap", "dense-no-overlap", "scape-99"}
-        assert rnd["quiet"]["load_before"] >= 0 and len(rnd["quiet"]["attempts"]) == 1
+        assert all(e["n_steps"] == 2 for e in rnd["methods"].values())
     assert floor["fwd_bwd"]["backward_s"] > 0 and "calibration" not in floor
+    assert "step_calls" not in floor and set(floor["pass_medians"]) == set(floor["methods"])
     m = link["methods"]
     # the pretrain configs, as built: Megatron uses one bucket without the overlap
     assert m["dense-no-overlap"]["buckets"] == 1 and m["dense-overlap"]["buckets"] > 1
@@ -372,6 +398,7 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
     assert all(c["seconds"] > 0 for kinds in calls.values() for c in kinds.values())
     pts = {p["method"]: p for p in doc["points"]}
     assert set(pts) == set(m) and all(p["floor_s"] > 0 for p in pts.values())
+    assert all(p["floor_in_round"] for p in pts.values())
     assert pts["scape-99"]["speedup_vs_best_dense"] > 0
     if skip_reason() is None:  # shaped namespaces: the interfaces' bytes and the model
         wire = (

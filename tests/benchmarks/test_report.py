@@ -54,7 +54,8 @@ def test_section_2_and_the_targets_from_the_harness_json(tmp_path):
     sec2 = md.split("## 2.")[1].split("## 3.")[0]
     assert "| 2 x 1gbit | scape-99 | 110 [99-121] | 100 | 1.10 | x5.20 / x5.50 / x5.20 |" in sec2
     assert "0.31 / 1.72 |" in sec2 and "0.31 / 1.72 **noisy** |" in sec2  # 4-rank row noisy
-    assert "| 2 | scape-99 | 100 [90-110] | 20 | 40 | 0.20 / 1.90 | 30 |" in sec2  # the floor
+    assert "| floor-w2 | scape-99 | 100 [90-110] | 20 | 40 | 0.20 / 1.90 | 30 |" in sec2  # floor
+    assert "in one floor round per rank count" in sec2
     assert "| w2-1gbit | 80 | 110 | 80 | 110 | 40 | 220 | 0.02 | 2 | 0.31 / 1.72 | 60 |" in sec2
     # what the model booked per call, timed at the step's own size
     assert "| w2-1gbit | scape-99 | values | all_reduce | 204.8 | 4 | 3, 5, 4 |" in sec2
@@ -153,3 +154,14 @@ def test_peers_section_puts_the_current_steps_sweep_above_the_first(tmp_path):
     text = "\n".join(report.peers_section(tmp_path))
     assert text.index("7.08") < text.index("previous step (R0)") < text.index("7.42")
     assert "1gbit: 0.6-2.7" in text
+
+
+def test_floors_measured_inside_a_round_are_shown_with_that_round(tmp_path):
+    doc = _doc([_point(2, "scape-99", 0.11, 0.10, 5.2, 5.5, 5.2)])
+    legacy = doc["rounds"].pop("floor-w2")
+    doc["rounds"]["w2-1gbit"]["floor"] = {"methods": legacy["methods"],
+                                          "fwd_bwd": {"forward_s": 0.03, "backward_s": 0.05}}  # fmt: skip
+    (tmp_path / "megatron_step.json").write_text(json.dumps(doc))
+    sec2 = report.render(tmp_path).split("## 2.")[1].split("## 3.")[0]
+    assert "| w2-1gbit | scape-99 | 100 [90-110] | 30 | 50 | 0.31 / 1.72 | 60 |" in sec2
+    assert "Each round measures its own floors" in sec2 and "floor round" not in sec2
