@@ -17,6 +17,13 @@ the first emulated cluster were measured at load 11-14). So every benchmark entr
      ``max_load`` or other processes used more than ``max_other_cores`` cores on average
      while it ran; after the last try it is kept and marked ``noisy`` with the reason.
 
+3. **records the host's speed** before and after each round (:func:`host_speed_ms`: a fixed
+   single-thread workload of streaming adds and small matrix products). This 2-core
+   virtual machine's speed drifts by up to x2.5 within an hour while the load average and
+   the CPU steal time stay low (a neighbour on the host, or the host's clock): the probe
+   makes that visible next to every figure. It does not judge a round (a steady but slow
+   host times every method of a round alike); comparisons are made within a round.
+
 The load *after* a round includes the benchmark's own ranks (4 ranks on 2 cores make a
 load of ~4 by themselves), so it is recorded and shown, not used to judge the round; the
 CPU time of other processes is the direct measure of interference. It is read from
@@ -41,6 +48,7 @@ __all__ = [
     "Protocol",
     "add_arguments",
     "busy_processes",
+    "host_speed_ms",
     "load_average",
     "other_cpu_seconds",
     "protocol_from_args",
@@ -176,6 +184,31 @@ def _other_cores(before: dict[int, tuple[str, float]], wall_s: float) -> float:
     return used / wall_s if wall_s > 0 else 0.0
 
 
+def host_speed_ms(reps: int = 3) -> float:
+    """Milliseconds of a fixed workload on one thread (median of ``reps`` after a warm-up):
+    8 streaming adds over 16 MB (memory-bound, like the optimizers' passes) and 8 products
+    of 256 x 256 matrices (compute-bound, like forward and backward). The same work every
+    time, so a change in it is a change of the host, not of the benchmark."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, a = torch.ones(1 << 22), torch.full((256, 256), 0.5)
+        y = torch.empty_like(x)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            for _ in range(8):
+                torch.add(x, x, alpha=0.5, out=y)
+                torch.mm(a, a)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    rest = sorted(times[1:])
+    return rest[len(rest) // 2] * 1e3
+
+
 @dataclass(frozen=True)
 class Protocol:
     max_load: float = 1.5
@@ -187,11 +220,12 @@ class Protocol:
     allow_busy: bool = False
     load_fn: Callable[[], float] = field(default=load_average, repr=False, compare=False)
     sleep_fn: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    probe_fn: Callable[[], float] = field(default=host_speed_ms, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("load_fn")
-        d.pop("sleep_fn")
+        for fn in ("load_fn", "sleep_fn", "probe_fn"):
+            d.pop(fn)
         return d
 
     def settle(self) -> tuple[float, float]:
@@ -225,11 +259,13 @@ def run_round(
     record: dict[str, Any] = {}
     for attempt in range(protocol.retries + 1):
         load_before, waited = protocol.settle()
+        probe_before = protocol.probe_fn()
         cpu_before, t0 = other_cpu_seconds(), time.perf_counter()
         record = fn()
         wall = time.perf_counter() - t0
         other = _other_cores(cpu_before, wall)
         load_after = protocol.load_fn()
+        probe_after = protocol.probe_fn()
         reasons = []
         if load_before > protocol.max_load:
             reasons.append(f"1-min load {load_before:.2f} > {protocol.max_load} before the round")
@@ -241,10 +277,12 @@ def run_round(
         attempts.append({"attempt": attempt + 1, "load_before": load_before,
                          "load_after": load_after, "other_cores": other,
                          "settle_wait_s": waited, "seconds": wall,
+                         "host_ms_before": probe_before, "host_ms_after": probe_after,
                          "disturbed": "; ".join(reasons) or None})  # fmt: skip
         verdict = "quiet" if not reasons else "disturbed: " + "; ".join(reasons)
         print(f"   [{name}] try {attempt + 1}: load {load_before:.2f} -> {load_after:.2f}, "
-              f"other processes {other:.2f} cores, {wall:.0f} s: {verdict}", flush=True)  # fmt: skip
+              f"other processes {other:.2f} cores, host probe {probe_before:.0f} -> "
+              f"{probe_after:.0f} ms, {wall:.0f} s: {verdict}", flush=True)  # fmt: skip
         if not reasons:
             break
         if deadline is not None and time.monotonic() > deadline:
@@ -253,6 +291,8 @@ def run_round(
     last = attempts[-1]
     record["quiet"] = {"attempts": attempts, "load_before": last["load_before"],
                        "load_after": last["load_after"], "other_cores": last["other_cores"],
+                       "host_ms_before": last["host_ms_before"],
+                       "host_ms_after": last["host_ms_after"],
                        "noisy": last["disturbed"] is not None,
                        "noisy_reason": last["disturbed"]}  # fmt: skip
     return record

@@ -168,6 +168,13 @@ def _floor_protocol(rounds: dict[str, dict[str, Any]]) -> str:
             "the steps it is compared with may be up to an hour apart).")  # fmt: skip
 
 
+def _host_probe(q: dict[str, Any]) -> str:
+    """The host's speed probe before / after a round (runs before it had none: -)."""
+    if q.get("host_ms_before") is None:
+        return "-"
+    return f"{q['host_ms_before']:.0f} / {q['host_ms_after']:.0f}"
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.0f}"
 
@@ -278,7 +285,7 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         if rnd.get("mode") != "cluster":
             continue
         if "error" in rnd:
-            fits.append([name, "error: " + rnd["error"].splitlines()[0][:150], *[""] * 8])
+            fits.append([name, "error: " + rnd["error"].splitlines()[0][:150], *[""] * 9])
             continue
         f, q = rnd.get("fits") or {}, rnd.get("quiet") or {}
         tries = len(q.get("attempts", []))
@@ -286,7 +293,7 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
                   for cell in ((f"{f[op]['alpha_us']:.0f}", f"{f[op]['bandwidth_MBps']:.0f}")
                                if op in f else ("-", "-"))]  # fmt: skip
         fits.append([name, *per_op, f"{q.get('other_cores', 0):.2f}", f"{tries}", _loadavg(q),
-                     f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
+                     _host_probe(q), f"{rnd.get('seconds', 0):.0f}"])  # fmt: skip
     calls = []
     for name, rnd in rounds.items():
         for m, kinds in (rnd.get("step_calls") or {}).items():
@@ -305,12 +312,15 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
               "them for a call the round did not time: reduce-scatter and all-gather for dense, "
               "all-reduce for SCAPE's values, its bytes "
               "booked as the ring's two passes), other processes' CPU while the round ran "
-              "(cores), tries (a disturbed round is re-run), load and duration. gloo's own "
+              "(cores), tries (a disturbed round is re-run), load, the host probe before and "
+              "after the round (ms of a fixed one-thread workload, `benchmarks.quiet."
+              "host_speed_ms`: higher is a slower host) and duration. gloo's own "
               "reduce-scatter sends about twice the ring's volume (wire / counted above), its "
               "all-reduce about the ring's; NCCL's ring reduce-scatter does not, so on GPUs "
               "dense AdamS's reduce-scatters cost less than here.", ""]  # fmt: skip
     lines += _table(["round", "RS alpha us", "RS MB/s", "AG alpha us", "AG MB/s", "AR alpha us",
-                     "AR MB/s", "other cores", "tries", "load before / after", "round s"],
+                     "AR MB/s", "other cores", "tries", "load before / after",
+                     "host probe ms before / after", "round s"],
                     fits)  # fmt: skip
     if doc.get("not_run"):
         lines += [

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from benchmarks import quiet
 from benchmarks.quiet import Protocol, run_round
@@ -86,10 +87,24 @@ def test_other_processes_cpu_is_counted():
         _kill(pid)
 
 
-def _protocol(loads, **kw):
-    it = iter(loads)
+def _protocol(loads, probes=None, **kw):
+    it, probe = iter(loads), iter(probes or [10.0] * 2 * len(loads))
     return Protocol(load_fn=lambda: next(it), sleep_fn=lambda s: None, settle_s=0.0,
-                    max_other_cores=float("inf"), **kw)  # fmt: skip
+                    max_other_cores=float("inf"), probe_fn=lambda: next(probe), **kw)  # fmt: skip
+
+
+def test_the_host_probe_is_recorded_beside_each_try_but_does_not_judge_it():
+    # a host twice as slow after the round as before it: shown, and the round kept
+    rec = run_round("r", lambda: {}, _protocol([1.0, 1.2], probes=[40.0, 80.0]))
+    q = rec["quiet"]
+    assert (q["host_ms_before"], q["host_ms_after"]) == (40.0, 80.0) and not q["noisy"]
+    assert q["attempts"][0]["host_ms_after"] == 80.0
+
+
+def test_the_host_probe_times_a_fixed_workload_and_restores_the_threads():
+    threads = torch.get_num_threads()
+    ms = quiet.host_speed_ms(reps=1)
+    assert 0 < ms < 60_000 and torch.get_num_threads() == threads
 
 
 def test_a_round_with_high_load_before_is_rerun_then_kept():
