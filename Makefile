@@ -64,9 +64,9 @@ endif
 
 # Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on
 # the emulated cluster (network namespaces: run as root, else that part is skipped with a
-# message), projection, break-even map, README. One command, ~55 min on a quiet 2-core
-# machine (the step sweep ~45 of them with the waits for the load to settle between rounds,
-# capped at 60 + the round in progress; it resumes
+# message), projection, break-even map, README. One command, 55-80 min on a quiet 2-core
+# machine, by the host's speed (the step sweep 45-65 of them with the waits for the load to
+# settle between rounds, capped at 60 + the round in progress; it resumes
 # an interrupted sweep at the same commit). Every timing benchmark refuses to start beside a
 # study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
 # re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*
@@ -88,8 +88,8 @@ bench-overhead: $(STAMP)
 
 # Issue 14: the pretrain stage's Megatron train step (dense AdamS with and without Megatron's
 # overlap, SCAPE-90, SCAPE-99) on 2 and 4 ranks at 100 Mbit/s, 1 and 10 Gbit/s, with a
-# compute-only floor per rank count, each method in rank processes of its own. Writes
-# results/bench/megatron_step.json. ~45 min.
+# compute-only floor beside each method's steps in every round, each method in rank
+# processes of its own. Writes results/bench/megatron_step.json. 45-65 min (host speed).
 # ARGS e.g. "--worlds 2 --rates-mbit 1000" or "--fresh".
 bench-step: $(STAMP)
 	$(PY) -m benchmarks.megatron_step $(BUSY) $(ARGS)

@@ -1,6 +1,6 @@
 """`make bench-step`: the pretrain stage's Megatron-Core train step on an emulated cluster.
 
-    python -m benchmarks.megatron_step                     # the sweep (issue 14), ~45 min
+    python -m benchmarks.megatron_step                     # the sweep (issue 14), 45-65 min
     python -m benchmarks.megatron_step --suite reproduce   # make reproduce-table's step times
 
 **What is timed.** Each method is a pretrain-stage configuration (``optimizer=adams``,
@@ -18,9 +18,9 @@ old protocol, which slowed SCAPE's step by a fifth at 2 ranks).
 1 Gbit/s, 10 Gbit/s), in which each method's launch is paired with its *floor* launch --
 the same steps with collectives taken out (PyTorch's fake process group; see
 :mod:`benchmarks.step_rank` for what it includes and excludes) -- run right after it (and
-right before it in the mirrored pass): this machine's speed drifts by up to x1.6 within an
-hour with the load average unchanged, so a floor is only comparable with steps timed in
-the same minutes. Methods: dense AdamS with Megatron's gradient reduce-scatter overlapped with
+right before it in the mirrored pass): this machine's speed changes by up to x1.6 within an
+hour with the load average unchanged (and more between sessions' machines), so a floor is
+only comparable with steps timed in the same minutes. Methods: dense AdamS with Megatron's gradient reduce-scatter overlapped with
 backward (``train.overlap_grad_reduce=true``) and not, SCAPE-90, SCAPE-99 (their configs as
 users run them). ``reproduce``: one round, 2 ranks at 1 Gbit/s, of the tiny reproduction's
 experiments and optimizers (what ``make reproduce-table`` trains); it writes the
@@ -133,7 +133,7 @@ def plan_rounds(suite: str, worlds: list[int], rates: list[float]) -> list[dict[
     """The rounds in order: per rank count one per link rate, each with its methods' compute-
     only floors measured beside their steps (sweep); one 2-rank round at the first rate
     (reproduce). (Earlier runs had one floor round per rank count, ``floor-w<W>``; their JSON
-    still reads. The machine's speed drifts by up to x1.6 over an hour, unseen by the load
+    still reads. The machine's speed changes by up to x1.6 within an hour, unseen by the load
     average, so a floor from another round mismeasured step / floor and the model.)"""
     if suite == "reproduce":
         return [{"name": f"w{worlds[0]}-{LinkSpec(rates[0]).label}", "mode": "cluster",

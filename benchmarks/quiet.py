@@ -19,9 +19,9 @@ the first emulated cluster were measured at load 11-14). So every benchmark entr
 
 3. **records the host's speed** before and after each round (:func:`host_speed_ms`: a fixed
    single-thread workload of streaming adds and small matrix products). This 2-core
-   virtual machine's speed drifts by up to x2.5 within an hour while the load average and
-   the CPU steal time stay low (a neighbour on the host, or the host's clock): the probe
-   makes that visible next to every figure. It does not judge a round (a steady but slow
+   virtual machine's speed changes by up to x1.6 within an hour, and by more between
+   sessions' machines, while the load average and the CPU steal time stay low (a neighbour
+   on the host, or its clock): the probe makes that visible next to every figure. It does not judge a round (a steady but slow
    host times every method of a round alike); comparisons are made within a round.
 
 The load *after* a round includes the benchmark's own ranks (4 ranks on 2 cores make a

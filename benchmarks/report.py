@@ -47,11 +47,17 @@ NOTES = [
     "size (table below the per-link one). gloo's collectives on these 2 cores are CPU-bound "
     "and not linear in size (a 32 MB reduce-scatter takes 7-10x an 8 MB one), so one "
     "alpha-beta line through 64 kB-32 MB booked dense AdamS's 10 MB buckets up to 2x too "
-    "long. Its remaining misses: at 100 Mbit/s SCAPE's bare value all-reduces take longer "
-    "than in a step (SCAPE-90, model high), and at 4 ranks the fake-group floor is above the "
-    "real step (4 ranks time-slice 2 cores; in a real step they wait on the network in "
-    "turn, and a rank's clock starts only when it leaves the barrier), so step / floor "
-    "drops below 1 and the model, floor-based, is high.",
+    "long. The model treats a collective as free to overlap compute; on 2 cores gloo's "
+    "threads reduce and copy on the cores the ranks compute on, so where a collective is "
+    "CPU-bound (10 Gbit/s, and 4 ranks on 2 cores) hiding it behind backward or behind the "
+    "step costs compute time the model does not book: its misses there are low. (Runs "
+    "whose floors were measured in a round of their own, an hour from the steps, also put "
+    "the 4-rank floor above the real step: the host had changed speed in between.)",
+    "- Speed-ups on this CPU depend on the host's speed when they are measured: SCAPE's "
+    "step is bound by its own CPU work here and dense AdamS's by the link at 1 Gbit/s, so a "
+    "slower host lowers SCAPE's speed-up, and the same commit measures different ratios "
+    "on different days (the host probe per round says how fast the host was). The "
+    "comm / compute column, not the ratio alone, places a point on the break-even map.",
     "- SCAPE has no parameter all-gather: every rank decodes the summed buffer and updates "
     "all N entries itself, so its optimizer-side work is O(N) per rank where dense ZeRO-1's "
     "is O(N/W) (section 3); on a GPU these are memory-bound kernels, modeled in section 3 "
@@ -162,8 +168,9 @@ def _floor_protocol(rounds: dict[str, dict[str, Any]]) -> str:
     if any("floor" in r for r in rounds.values()):
         return ("Each round measures its own floors: every method's floor launch runs right "
                 "after its launch on the link (right before it in the mirrored pass), since "
-                "this machine's speed drifts by up to x1.6 within an hour with the load "
-                "average unchanged, and a floor from another round would not be comparable.")  # fmt: skip
+                "this machine's speed changes by up to x1.6 within an hour with the load "
+                "average unchanged, and a floor from another round would not be comparable "
+                "(the host probe in the protocol table below shows the host's speed).")  # fmt: skip
     return ("Measured in one floor round per rank count, before its link rounds (a floor and "
             "the steps it is compared with may be up to an hour apart).")  # fmt: skip
 
