@@ -358,8 +358,10 @@ def _mode():
 
 def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prepared_default):
     out = tmp_path / "m.json"
-    argv = ["--worlds", "2", "--rates-mbit", "1000", "--steps", "2", "--warmup", "1",
-            "--methods", "dense-*", "scape-99", "--model-overrides", *TINY,
+    # one measured step of two methods (4 launches: the suite must stay under 15 min on a
+    # slow host); two passes and their merge are checked on synthetic launches above
+    argv = ["--worlds", "2", "--rates-mbit", "1000", "--steps", "1", "--warmup", "1",
+            "--methods", "dense-no-overlap", "scape-99", "--model-overrides", *TINY,
             "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
     assert ms.main(argv) == 0
     doc = json.loads(out.read_text())
@@ -368,27 +370,28 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
     assert "error" not in link, link.get("error")
     assert link["quiet"]["load_before"] >= 0 and len(link["quiet"]["attempts"]) == 1
     floor = link["floor"]  # each method's floor launch, beside its launch on the link
-    assert link["launches"] == 2 * 2 * 3  # 2 passes x (steps, floor) x 3 methods
+    assert link["launches"] == 2 * 2  # one pass x (steps, floor) x 2 methods
     for rnd in (floor, link):
-        assert set(rnd["methods"]) == {"dense-overlap", "dense-no-overlap", "scape-99"}
-        assert all(e["n_steps"] == 2 for e in rnd["methods"].values())
+        assert set(rnd["methods"]) == {"dense-no-overlap", "scape-99"}
+        assert all(e["n_steps"] == 1 for e in rnd["methods"].values())
     assert floor["fwd_bwd"]["backward_s"] > 0 and "calibration" not in floor
-    assert "step_calls" not in floor and set(floor["pass_medians"]) == set(floor["methods"])
+    assert "step_calls" not in floor
     m = link["methods"]
     # the pretrain configs, as built: Megatron uses one bucket without the overlap
-    assert m["dense-no-overlap"]["buckets"] == 1 and m["dense-overlap"]["buckets"] > 1
+    assert m["dense-no-overlap"]["buckets"] == 1 and m["scape-99"]["buckets"] > 1
     assert m["scape-99"]["overlap_grad_reduce"] and m["scape-99"]["delay_mask"]
-    assert m["scape-99"]["label"] == "SCAPE-99" and m["dense-overlap"]["label"] == "AdamS"
-    n = m["dense-overlap"]["n_params"]
+    assert m["scape-99"]["label"] == "SCAPE-99" and m["dense-no-overlap"]["label"] == "AdamS"
+    n = m["dense-no-overlap"]["n_params"]
     # dense ZeRO-1 on CPU: fp32 grads reduce-scattered, fp32 params all-gathered, W=2
     assert m["dense-no-overlap"]["bytes_per_rank"]["grad_values"] >= 4 * n / 2
-    assert m["scape-99"]["bytes_per_rank_total"] < m["dense-overlap"]["bytes_per_rank_total"] / 20
+    dense_total = m["dense-no-overlap"]["bytes_per_rank_total"]
+    assert m["scape-99"]["bytes_per_rank_total"] < dense_total / 20
     for e in m.values():
-        assert e["n_steps"] == 2 and all(t > 0 and math.isfinite(t) for t in e["step_s_all"])
+        assert e["n_steps"] == 1 and all(t > 0 and math.isfinite(t) for t in e["step_s_all"])
     # each method's own collectives, timed bare at its step's sizes (what the model books)
     calls = link["step_calls"]
     assert set(calls["scape-99"]) == {"values", "masks"}
-    assert set(calls["dense-overlap"]) == {"grad_values", "param_values"}
+    assert set(calls["dense-no-overlap"]) == {"grad_values", "param_values"}
     ring = 1 / 2  # counted: (W-1)/W of each tensor; an all-reduce's tensor booked twice
     assert calls["dense-no-overlap"]["grad_values"]["nbytes"] == pytest.approx(
         m["dense-no-overlap"]["bytes_per_rank"]["grad_values"] / ring, rel=1e-3
@@ -399,7 +402,7 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
     pts = {p["method"]: p for p in doc["points"]}
     assert set(pts) == set(m) and all(p["floor_s"] > 0 for p in pts.values())
     assert all(p["floor_in_round"] for p in pts.values())
-    assert pts["scape-99"]["speedup_vs_best_dense"] > 0
+    assert pts["scape-99"]["speedup_vs_dense-no-overlap"] > 0
     if skip_reason() is None:  # shaped namespaces: the interfaces' bytes and the model
         wire = (
             m["dense-no-overlap"]["wire_bytes_per_rank"]
@@ -415,16 +418,16 @@ def test_reproduce_suite_feeds_the_efficiency_table(tmp_path, prepared_default):
     from pipelines.efficiency import read_step_times
 
     out = tmp_path / "steptime.json"
-    argv = ["--suite", "reproduce", "--steps", "1", "--warmup", "1", "--methods", "*/adams",
-            "*/scape99", "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
+    exp = "gpt345m_owt_quality"  # one of the table's experiments (2 launches, not 4)
+    argv = ["--suite", "reproduce", "--steps", "1", "--warmup", "1", "--methods", f"{exp}/adams",
+            f"{exp}/scape99", "--timeout", "400", "--out", str(out), *QUIET_OFF, *_mode()]  # fmt: skip
     assert ms.main(argv) == 0
     doc = json.loads(out.read_text())
     points, note = read_step_times(out)
     if skip_reason() is not None:  # loopback: never a speed measure for the table
-        assert points == {} and "loopback run" in note and len(doc["loopback_points"]) == 4
+        assert points == {} and "loopback run" in note and len(doc["loopback_points"]) == 2
         return
-    assert set(points) == {(e, o) for e in ("gpt345m_owt_quality", "llama500m_slimpj_quality")
-                           for o in ("AdamS", "SCAPE-99")}  # fmt: skip
+    assert set(points) == {(exp, "AdamS"), (exp, "SCAPE-99")}
     for (_, label), p in points.items():
         assert p["step_s"] > 0 and p["link"] == "1gbit" and p["world_size"] == 2
         assert (p["speedup_vs_reference"] == 1.0) == (label == "AdamS")
