@@ -20,8 +20,8 @@ the same steps with collectives taken out (PyTorch's fake process group; see
 :mod:`benchmarks.step_rank` for what it includes and excludes) -- run right after it (and
 right before it in the mirrored pass): this machine's speed changes by up to x1.6 within an
 hour with the load average unchanged (and more between sessions' machines), so a floor is
-only comparable with steps timed in the same minutes. Methods: dense AdamS with Megatron's gradient reduce-scatter overlapped with
-backward (``train.overlap_grad_reduce=true``) and not, SCAPE-90, SCAPE-99 (their configs as
+only comparable with steps timed in the same minutes. Methods: dense AdamS with Megatron's
+gradient reduce-scatter overlapped with backward (``train.overlap_grad_reduce=true``) and not, SCAPE-90, SCAPE-99 (their configs as
 users run them). ``reproduce``: one round, 2 ranks at 1 Gbit/s, of the tiny reproduction's
 experiments and optimizers (what ``make reproduce-table`` trains); it writes the
 ``steptime.json`` the tables stage reads (:mod:`pipelines.efficiency`).
@@ -437,9 +437,12 @@ def launch_plan(methods: list[dict], steps: int, warmup: int, shared_process: bo
     passes = [(methods, first), (methods[::-1], steps - first)]
     plan = []
     for p, (order, n) in enumerate(passes):
-        for m in order if n > 0 else ():
-            lp = {"methods": [m], "pass": p, "steps": n, "step_offset": p * (warmup + first)}
-            pair = [dict(lp, mode=None), dict(lp, mode="floor")] if floor else [dict(lp, mode=None)]
+        if n == 0:
+            continue
+        for m in order:
+            lp = {"methods": [m], "pass": p, "steps": n, "step_offset": p * (warmup + first),
+                  "mode": None}  # fmt: skip
+            pair = [lp, dict(lp, mode="floor")] if floor else [lp]
             plan += pair[::-1] if p else pair
     return plan
 
@@ -502,14 +505,14 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
     attempt[0] += 1
     w = rnd["world_size"]
     out_dir = tmp / f"{rnd['name']}-try{attempt[0]}"
-    link = None if rnd["mode"] == "floor" or args.loopback else LinkSpec(rnd["rate_mbit"])
+    link = None if args.loopback else LinkSpec(rnd["rate_mbit"])
     calibrate = None
-    if rnd["mode"] == "cluster" and args.suite == "sweep":
+    if args.suite == "sweep":
         calibrate = {"sizes": calibration_sizes(rnd["rate_mbit"], w), "reps": CAL_REPS}
-    with_floor = bool(rnd.get("floor")) and rnd["mode"] == "cluster"
+    with_floor = bool(rnd.get("floor"))
     plan = launch_plan(methods, args.steps, args.warmup, args.shared_process, with_floor)
     record: dict[str, Any] = {"name": rnd["name"], "mode": rnd["mode"], "world_size": w,
-                              "link": _link_record(link, rnd, args.loopback),
+                              "link": _link_record(link, args.loopback),
                               "launches": len(plan)}  # fmt: skip
     start = time.perf_counter()
     done: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
@@ -519,9 +522,8 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
         with Cluster(w, link) if link is not None else contextlib.nullcontext() as cluster:
             for i, launch in enumerate(plan):
                 names = [m["name"] for m in launch["methods"]]
-                mode = launch["mode"] or rnd["mode"]
-                own = mode == rnd["mode"]  # a floor launch of a cluster round: no cluster
-                spec = {"mode": mode,
+                own = launch["mode"] is None  # else a floor launch: no cluster, no timings
+                spec = {"mode": launch["mode"] or rnd["mode"],
                         "methods": [{"name": m["name"], "overrides": m["overrides"]}
                                     for m in launch["methods"]],
                         "warmup": args.warmup, "steps": launch["steps"],
@@ -540,17 +542,11 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
                 record["tc_dropped_packets"] = sum(
                     int(n) for n in re.findall(r"dropped (\d+)", qdisc)
                 )
-        own_plan = [lp for lp in plan if lp["mode"] is None]
-        record.update(summarize_round(merge_launches([d for d in done if d[0]["mode"] is None]), w))
-        check = pass_check(record["methods"], own_plan)
+        record.update(_summarize_launches(done, w, None))
         if with_floor:
-            floor_plan = [lp for lp in plan if lp["mode"] == "floor"]
-            floor = summarize_round(merge_launches([d for d in done if d[0]["mode"]]), w)
-            floor_check = pass_check(floor["methods"], floor_plan)
-            record["floor"] = {**floor, **floor_check}
-            if "disturbed" in floor_check:
-                check["disturbed"] = "floor: " + floor_check["disturbed"]
-        record.update(check)
+            record["floor"] = _summarize_launches(done, w, "floor")
+            if "disturbed" in record["floor"]:
+                record["disturbed"] = "floor: " + record["floor"]["disturbed"]
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
         record["error"] = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record['error']}", flush=True)
@@ -558,9 +554,16 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
     return record
 
 
-def _link_record(link: LinkSpec | None, rnd: dict[str, Any], loopback: bool) -> dict[str, Any]:
-    if rnd["mode"] == "floor":
-        return {"rate_mbit": None, "label": "none (compute-only floor)"}
+def _summarize_launches(done: list[tuple[dict[str, Any], list[dict[str, Any]]]], world: int,
+                        mode: str | None) -> dict[str, Any]:  # fmt: skip
+    """The summary and pass check of a round's launches of one ``mode`` (None: its steps;
+    ``"floor"``: their floors)."""
+    picked = [(lp, res) for lp, res in done if lp["mode"] == mode]
+    out = summarize_round(merge_launches(picked), world)
+    return {**out, **pass_check(out["methods"], [lp for lp, _ in picked])}
+
+
+def _link_record(link: LinkSpec | None, loopback: bool) -> dict[str, Any]:
     if link is None:
         return {"rate_mbit": None, "label": "loopback (not shaped)", "loopback": loopback}
     return {"rate_mbit": link.rate_mbit, "burst_bytes": link.burst,
@@ -779,11 +782,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"round": rnd["name"], "why": f"time budget ({args.budget_min:g} min)"}
                 )
                 continue
-            where = (
-                "compute-only floor"
-                if rnd["mode"] == "floor"
-                else ("loopback" if args.loopback else LinkSpec(rnd["rate_mbit"]).label)
-            )
+            where = "loopback" if args.loopback else LinkSpec(rnd["rate_mbit"]).label
             how = ("interleaved in one launch" if args.shared_process
                    else "each in its own launches, 2 passes")  # fmt: skip
             how += ", each beside its floor" if rnd.get("floor") else ""

@@ -21,8 +21,9 @@ the first emulated cluster were measured at load 11-14). So every benchmark entr
    single-thread workload of streaming adds and small matrix products). This 2-core
    virtual machine's speed changes by up to x1.6 within an hour, and by more between
    sessions' machines, while the load average and the CPU steal time stay low (a neighbour
-   on the host, or its clock): the probe makes that visible next to every figure. It does not judge a round (a steady but slow
-   host times every method of a round alike); comparisons are made within a round.
+   on the host, or its clock): the probe makes that visible next to every figure. It does
+   not judge a round (a steady but slow host times every method of a round alike);
+   comparisons are made within a round.
 
 The load *after* a round includes the benchmark's own ranks (4 ranks on 2 cores make a
 load of ~4 by themselves), so it is recorded and shown, not used to judge the round; the
