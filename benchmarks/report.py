@@ -21,6 +21,7 @@ from benchmarks.overhead import SCAPE_STEP
 
 __all__ = ["render"]
 
+DENSE_METHODS = ("dense-no-overlap", "dense-overlap")
 TARGETS = {
     "bytes99": 60.0,  # dense ZeRO-1 bf16 / SCAPE-99 at least this
     "bytes90": 7.0,
@@ -47,10 +48,12 @@ NOTES = [
     "size (table below the per-link one). gloo's collectives on these 2 cores are CPU-bound "
     "and not linear in size (a 32 MB reduce-scatter takes 7-10x an 8 MB one), so one "
     "alpha-beta line through 64 kB-32 MB booked dense AdamS's 10 MB buckets up to 2x too "
-    "long. The model treats a collective as free to overlap compute; on 2 cores gloo's "
-    "threads reduce and copy on the cores the ranks compute on, so where a collective is "
-    "CPU-bound (10 Gbit/s, and 4 ranks on 2 cores) hiding it behind backward or behind the "
-    "step costs compute time the model does not book: its misses there are low. (Runs "
+    "long. On 2 cores gloo's threads reduce and copy on the cores the ranks compute on, so "
+    "hiding a CPU-bound collective (10 Gbit/s, and 4 ranks on 2 cores) behind backward or "
+    "behind the step costs compute time: the model books each hidden call's CPU seconds, "
+    "measured on the same call timed bare, as displaced compute when the ranks fill the "
+    "cores (runs before that term, up to `megatron_step_b98b4dd.json`, treated hiding as "
+    "free, and their misses there are low). (Runs "
     "whose floors were measured in a round of their own, an hour from the steps, also put "
     "the 4-rank floor above the real step: the host had changed speed in between.)",
     "- Speed-ups on this CPU depend on the host's speed when they are measured: SCAPE's "
@@ -306,14 +309,17 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
         for m, kinds in (rnd.get("step_calls") or {}).items():
             for kind, c in kinds.items():
                 calls.append([name, m, kind, c["op"], _kb(c["nbytes"]), _ms(c["seconds"]),
-                              ", ".join(_ms(t) for t in c["times"])])  # fmt: skip
+                              _ms(c.get("cpu_s")), ", ".join(_ms(t) for t in c["times"])])  # fmt: skip
     if calls:
         lines += ["", "What the cost model books per call: each method's own collectives, timed "
                   "bare in the same namespaces after its steps, at the sizes its step sent (one "
                   "per kind; bytes booked as in the fits below, an all-reduce as its ring's two "
-                  "passes), each repetition at its slowest rank; the model uses the median.", ""]  # fmt: skip
+                  "passes), each repetition at its slowest rank; the model uses the median. "
+                  "CPU ms: the CPU time a rank's process used in the call (all its threads, "
+                  "mean over ranks, median over repetitions; older runs: -), which the model "
+                  "books as displaced compute for the part of the call it hides.", ""]  # fmt: skip
         lines += _table(["round", "method", "kind", "collective", "kB booked", "ms median",
-                         "ms per repetition"], calls)  # fmt: skip
+                         "CPU ms median", "ms per repetition"], calls)  # fmt: skip
     lines += ["", "Calibration and protocol per round: alpha-beta fits of bare gloo collectives "
               "timed in the same namespaces (median per size; the cost model falls back to "
               "them for a call the round did not time: reduce-scatter and all-gather for dense, "
@@ -335,6 +341,79 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
             "Not run: " + ", ".join(f"{n['round']} ({n['why']})" for n in doc["not_run"]) + ".",
         ]
     return lines, status
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+def _run_row(name: str, doc: dict[str, Any]) -> list[str]:
+    """One committed sweep's row of :func:`runs_section`."""
+    at = {(p["world_size"], p["link"], p["method"]): p for p in doc["points"]}
+
+    def get(w: int, method: str, key: str) -> float | None:
+        return (at.get((w, "1gbit", method)) or {}).get(key)
+
+    probes = [q[k] for r in doc["rounds"].values() if (q := r.get("quiet") or {})
+              for k in ("host_ms_before", "host_ms_after") if q.get(k) is not None]  # fmt: skip
+    probe = f"{_median(probes):.0f} [{min(probes):.0f}-{max(probes):.0f}]" if probes else "-"
+    dense_step = min((s for m in DENSE_METHODS if (s := get(2, m, "step_s"))), default=None)
+    scape_floor = get(2, "scape-99", "floor_s")
+    ceiling = dense_step / scape_floor if dense_step and scape_floor else None
+    shared = (doc.get("settings") or {}).get("shared_process", True)
+    in_round = any("floor" in r for r in doc["rounds"].values())
+    return [f"`{name}`", str((doc.get("fingerprint") or {}).get("commit", "?"))[:7],
+            doc.get("started_at", "?"), "one launch" if shared else "own launches",
+            "in each round" if in_round else "own round", probe,
+            f"{_ms(get(2, 'dense-no-overlap', 'floor_s'))} / {_ms(scape_floor)}",
+            f"{_ms(dense_step)} / {_ms(get(2, 'scape-99', 'step_s'))}",
+            _x(get(2, "scape-99", "speedup_vs_best_dense")),
+            _x(get(4, "scape-99", "speedup_vs_best_dense")),
+            _x(get(2, "scape-90", "speedup_vs_best_dense")), _x(ceiling)]  # fmt: skip
+
+
+def runs_section(bench_dir: Path) -> list[str]:
+    """Every committed sweep of ``make bench-step`` (``megatron_step*.json``: the current run
+    and the earlier ones kept beside it), one row each, oldest first: how fast the host was
+    (the probe, where the run had one), the 2-rank floors and steps at 1 Gbit/s, and the
+    speed-ups. The same harness measures different ratios on different hosts; this shows
+    by how much. Nothing when fewer than two runs are kept."""
+    docs = [(path.name, doc) for path in sorted(bench_dir.glob("megatron_step*.json"))
+            if (doc := _load(path)) and doc.get("suite") == "sweep" and doc.get("points")]  # fmt: skip
+    if len(docs) < 2:
+        return []
+    docs.sort(key=lambda nd: nd[1].get("started_at", ""))
+    return [
+        "",
+        "Every committed run of this sweep (`megatron_step*.json` in this folder; the tables "
+        "above are `megatron_step.json`'s), oldest first: the same model and methods on the "
+        "hosts of different sessions. Host probe: median [range] over the rounds, before and "
+        "after each (ms of a fixed one-thread workload, higher is slower; runs before the "
+        "probe existed: -). At 2 ranks x 1 Gbit/s: the floors of dense AdamS (no overlap) "
+        "and SCAPE-99, the faster dense step and SCAPE-99's step; then the speed-ups against "
+        "the faster dense at 1 Gbit/s, and SCAPE-99's free-exchange ceiling at 2 ranks (the "
+        "faster dense step / its own floor). SCAPE's step is bound by its own CPU work and "
+        "dense AdamS's by the link, so a faster host raises SCAPE's ratios.",
+        "",
+        *_table(
+            [
+                "run",
+                "commit",
+                "started",
+                "methods",
+                "floors",
+                "host probe ms",
+                "2x1G floors ms: dense / SCAPE-99",
+                "2x1G steps ms: dense / SCAPE-99",
+                "SCAPE-99 2 ranks",
+                "SCAPE-99 4 ranks",
+                "SCAPE-90 2 ranks",
+                "SCAPE-99 ceiling 2 ranks",
+            ],
+            [_run_row(n, d) for n, d in docs],
+        ),  # fmt: skip
+    ]
 
 
 def overhead_section(
@@ -512,7 +591,7 @@ def step_targets(status: dict[str, Any]) -> list[list[str]]:
     def ceiling(w: int, p: dict[str, Any]) -> str:
         """The speed-up SCAPE would have with a free exchange: the faster dense step over
         SCAPE's own compute-only floor (forward, backward and its CPU work), same rounds."""
-        dense = [d["step_s"] for m in ("dense-overlap", "dense-no-overlap")
+        dense = [d["step_s"] for m in DENSE_METHODS
                  if (d := point(w, m)) and d.get("step_s")]  # fmt: skip
         if not dense or not p.get("floor_s"):
             return ""
@@ -609,6 +688,7 @@ def render(bench_dir: Path) -> str:
         "## 2. The Megatron train step on an emulated cluster",
         "",
         *step_lines,
+        *runs_section(bench_dir),
         "",
         "## 3. Optimizer-side work",
         "",

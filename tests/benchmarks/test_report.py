@@ -34,7 +34,7 @@ def _doc(points):
                               "all_reduce": {"alpha_us": 40.0, "bandwidth_MBps": 220.0}},
                      "step_calls": {"scape-99": {"values": {
                          "op": "all_reduce", "nbytes": 204800, "times": [0.003, 0.005, 0.004],
-                         "seconds": 0.004}}},
+                         "seconds": 0.004, "cpu_s": 0.002}}},
                      "quiet": {"load_before": 0.31, "load_after": 1.72, "other_cores": 0.02,
                                "host_ms_before": 41.2, "host_ms_after": 44.8,
                                "noisy": False, "attempts": [{}, {}]}},
@@ -62,7 +62,7 @@ def test_section_2_and_the_targets_from_the_harness_json(tmp_path):
         in sec2
     )
     # what the model booked per call, timed at the step's own size
-    assert "| w2-1gbit | scape-99 | values | all_reduce | 204.8 | 4 | 3, 5, 4 |" in sec2
+    assert "| w2-1gbit | scape-99 | values | all_reduce | 204.8 | 4 | 2 | 3, 5, 4 |" in sec2
     assert "`train.bucket_size=2500000` (buckets per step: dense-no-overlap 1" in sec2
     targets = md.split("## Targets")[1].split("## 1.")[0]
     assert "| 2 ranks, 1 Gbit/s: SCAPE-99 >= x5 faster than dense AdamS | x5.20 " in targets
@@ -169,3 +169,32 @@ def test_floors_measured_inside_a_round_are_shown_with_that_round(tmp_path):
     sec2 = report.render(tmp_path).split("## 2.")[1].split("## 3.")[0]
     assert "| w2-1gbit | scape-99 | 100 [90-110] | 30 | 50 | 0.31 / 1.72 | 60 |" in sec2
     assert "Each round measures its own floors" in sec2 and "floor round" not in sec2
+
+
+def test_every_committed_sweep_gets_a_row_oldest_first_with_its_host_probe(tmp_path):
+    def sweep(started, commit, dense, scape99, scape99_floor):
+        points = [_point(2, "dense-no-overlap", dense, 0.15, 1.0, 1.0, 0.9),
+                  _point(2, "scape-99", scape99, scape99_floor, dense / scape99, 1.0, 1.0),
+                  _point(4, "scape-99", 0.4, 0.3, 2.5, 2.5, 2.5)]  # fmt: skip
+        doc = _doc(points)
+        doc.update(started_at=started, fingerprint={"commit": commit})
+        return doc
+
+    new = sweep("2026-12-02 09:00:00 UTC", "9b3cba2aaaa", 0.60, 0.20, 0.16)
+    new["settings"] = {"shared_process": False}
+    new["rounds"]["w2-1gbit"]["floor"] = new["rounds"].pop("floor-w2")
+    old = sweep("2026-12-01 01:00:00 UTC", "a5fbe06bbbb", 0.70, 0.35, 0.30)
+    del old["rounds"]["w2-1gbit"]["quiet"]["host_ms_before"]  # runs before the probe: none
+    del old["rounds"]["w2-1gbit"]["quiet"]["host_ms_after"]
+    (tmp_path / "megatron_step.json").write_text(json.dumps(new))
+    assert "Every committed run" not in report.render(tmp_path)  # one run: nothing to compare
+    (tmp_path / "megatron_step_a5fbe06.json").write_text(json.dumps(old))
+    (tmp_path / "megatron_step_partial.json").write_text(json.dumps({"rounds": {}}))  # no points
+    sec2 = report.render(tmp_path).split("## 2.")[1].split("## 3.")[0]
+    rows = [ln for ln in sec2.splitlines() if ln.startswith("| `megatron_step")]
+    assert rows == [
+        "| `megatron_step_a5fbe06.json` | a5fbe06 | 2026-12-01 01:00:00 UTC | one launch | "
+        "own round | - | 150 / 300 | 700 / 350 | x2.00 | x2.50 | - | x2.33 |",
+        "| `megatron_step.json` | 9b3cba2 | 2026-12-02 09:00:00 UTC | own launches | "
+        "in each round | 43 [41-45] | 150 / 160 | 600 / 200 | x3.00 | x2.50 | - | x3.75 |",
+    ]
