@@ -55,7 +55,9 @@ alpha-beta fit of bare collectives of a few sizes (:func:`benchmarks.costmodel.f
 With the overlap on, what travels during backward (dense: the reduce-scatters; SCAPE: its
 values' all-reduces) hides behind it up to (buckets-1)/buckets of it, and the last call,
 which starts when backward ends, is always exposed; SCAPE's mask all-gather, made a step
-ahead, hides behind the step's compute (see :func:`predict`).
+ahead, hides behind the step's compute. A hidden call is not free on shared cores: its CPU
+seconds, measured on the same call timed bare, are booked as compute displaced when the
+ranks fill the cores (see :func:`predict`).
 
 Writes ``results/bench/megatron_step.json`` (sweep) or ``runs/steptime.json`` (reproduce):
 ``rounds`` (every step of every method at its slowest rank, calibration, protocol record),
@@ -228,6 +230,8 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
             "loss_last": rows0[-1].get("loss") if rows0 else None,
         }  # fmt: skip
     out: dict[str, Any] = {"methods": methods}
+    if r0.get("cores"):
+        out["cores"] = r0["cores"]  # the cores the ranks ran on (the model's displaced term)
     if r0.get("calibration"):
         cal = []
         for i, c in enumerate(r0["calibration"]):
@@ -259,11 +263,17 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
 def _slowest_collective(results: list[dict[str, Any]], name: str, i: int,
                         call: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """One of a method's timed collectives: each repetition at its slowest rank, and their
-    median (the seconds the model books per call)."""
-    per_rep = [max(res["step_calls"][name][i]["times"][j] for res in results)
-               for j in range(len(call["times"]))]  # fmt: skip
-    return {"op": call["op"], "nbytes": call["nbytes"], "times": per_rep,
-            "seconds": statistics.median(per_rep)}  # fmt: skip
+    median (the seconds the model books per call); the CPU seconds a rank's process used in
+    it, the ranks' mean per repetition, and their median (``cpu_s``; runs before it: none)."""
+    reps = range(len(call["times"]))
+    per_rep = [max(res["step_calls"][name][i]["times"][j] for res in results) for j in reps]
+    out = {"op": call["op"], "nbytes": call["nbytes"], "times": per_rep,
+           "seconds": statistics.median(per_rep)}  # fmt: skip
+    if "cpu_times" in call:
+        cpu = [statistics.fmean(res["step_calls"][name][i]["cpu_times"][j] for res in results)
+               for j in reps]  # fmt: skip
+        out.update(cpu_times=cpu, cpu_s=statistics.median(cpu))
+    return out
 
 
 def _rows_by_step(results: list[dict[str, Any]], name: str) -> list[list[dict[str, Any]]]:
@@ -294,7 +304,8 @@ def paired_speedup(round_: dict[str, Any], ref: str | list[str], name: str) -> f
 
 def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
             fits: dict[str, dict[str, float]], world: int,
-            timed: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:  # fmt: skip
+            timed: dict[str, dict[str, Any]] | None = None,
+            cores: int | None = None) -> dict[str, float]:  # fmt: skip
     """The cost model for one method in one round (seconds, by part).
 
     Dense: per bucket a gradient reduce-scatter (hidden behind backward with Megatron's
@@ -310,7 +321,15 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
     line through sizes of 64 kB-32 MB misses 10 MB buckets by up to 2x); otherwise the
     round's alpha-beta fit of that collective (SCAPE's values by the all-reduce fit -- gloo's
     all-reduce sends the ring's volume, its reduce-scatter about twice it -- or, in rounds
-    without one, by the reduce-scatter and all-gather fits)."""
+    without one, by the reduce-scatter and all-gather fits).
+
+    Hiding is not free where compute and collectives share the cores: a hidden call's CPU
+    time (gloo's threads reducing and copying, the kernel's network stack), measured on the
+    same call timed bare (``timed[kind]["cpu_s"]``, its share of the call's seconds), is
+    work the cores no longer do for compute. When the ranks fill the cores (``world >=
+    cores``), every rank's hidden CPU seconds spread over the cores: ``displaced`` = hidden
+    seconds x CPU share x world / cores. Where the call was not timed, or the ranks leave
+    cores free, nothing is booked."""
     if world <= 1:
         return {"floor": floor_s, "grad": 0.0, "param": 0.0, "mask": 0.0, "total": floor_s}
     timed = timed or {}
@@ -325,7 +344,12 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
             return timed[kind]["seconds"]
         return (world - 1) * link.alpha_s + nbytes / n_calls / link.bandwidth_Bps
 
+    def cpu_share(kind: str) -> float:
+        t = timed.get(kind) or {}
+        return min(1.0, t["cpu_s"] / t["seconds"]) if t.get("cpu_s") and t["seconds"] else 0.0
+
     grad_b, param_b = b.get("grad_values", 0.0), b.get("param_values", 0.0)
+    sync_kind = "values" if method.get("values_in_grad_sync") else "grad_values"
     if not method.get("values_in_grad_sync"):
         sync_call = per_call("grad_values", rs, calls, grad_b)
         param = calls * per_call("param_values", ag, calls, param_b)
@@ -342,9 +366,12 @@ def predict(method: dict[str, Any], floor_s: float, backward_s: float | None,
         hide = (calls - 1) / calls * backward_s
     exposed_sync = max(sync_call, in_sync - hide)
     exposed_mask = max(0.0, mask - floor_s) if method.get("delay_mask") else mask
-    total = floor_s + exposed_sync + param + exposed_mask
+    hidden_cpu = ((in_sync - exposed_sync) * cpu_share(sync_kind)
+                  + (mask - exposed_mask) * cpu_share("masks"))  # fmt: skip
+    displaced = hidden_cpu * world / cores if cores and world >= cores else 0.0
+    total = floor_s + exposed_sync + param + exposed_mask + displaced
     return {"floor": floor_s, "grad": exposed_sync, "param": param, "mask": exposed_mask,
-            "hidden_grad": in_sync - exposed_sync, "total": total}  # fmt: skip
+            "hidden_grad": in_sync - exposed_sync, "displaced": displaced, "total": total}  # fmt: skip
 
 
 def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -380,7 +407,8 @@ def sweep_points(rounds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "noisy_reason": (rnd.get("quiet") or {}).get("noisy_reason"),
             }  # fmt: skip
             if f and rnd.get("fits"):
-                pred = predict(e, f, backward, rnd["fits"], w, rnd.get("step_calls", {}).get(m))
+                pred = predict(e, f, backward, rnd["fits"], w,
+                               rnd.get("step_calls", {}).get(m), rnd.get("cores"))  # fmt: skip
                 p["predicted"] = pred
                 p["model_error"] = pred["total"] / e["step_s"] - 1.0
             points.append(p)
@@ -451,7 +479,8 @@ def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
                    ) -> list[dict[str, Any]]:  # fmt: skip
     """Per rank, one result as if every launch of the round had been one: steps renumbered
     by their launch's ``step_offset``, the first calibration, every method's collective
-    timings, and forward/backward from the first launch that timed a dense method."""
+    timings, the cores the ranks ran on, and forward/backward from the first launch that
+    timed a dense method."""
     merged: list[dict[str, Any]] = []
     for launch, results in launches:
         offset = launch["step_offset"]
@@ -459,6 +488,8 @@ def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
             if r == len(merged):
                 merged.append({"rank": r, "mode": res.get("mode"), "methods": {}, "steps": []})
             out = merged[r]
+            if "cores" in res:
+                out["cores"] = res["cores"]
             out["methods"].update(res["methods"])
             out["steps"] += [{**row, "step": row["step"] + offset} for row in res["steps"]]
             if "calibration" in res and "calibration" not in out:

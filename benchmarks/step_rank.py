@@ -105,7 +105,9 @@ def time_collectives(calls: list[tuple[str, int]], reps: int, ifname: str) -> li
     is the fp32 tensor's size (a reduce-scatter's input, an all-gather's output, an
     all-reduce's tensor). An all-reduce is booked as its ring's reduce-scatter and all-gather
     together (twice the tensor), as the engines count its bytes, so one alpha-beta formula
-    fits all three."""
+    fits all three. ``cpu_times``: the CPU seconds this rank's process used in each call
+    (every thread, gloo's included, user and system): where a collective is CPU-bound, hiding
+    it behind compute on shared cores is not free (:func:`benchmarks.megatron_step.predict`)."""
     world = dist.get_world_size()
     out = []
     for op, nbytes in calls:
@@ -113,10 +115,10 @@ def time_collectives(calls: list[tuple[str, int]], reps: int, ifname: str) -> li
             raise ValueError(f"unknown collective {op!r}: use one of {COLLECTIVES}")
         n = max(world, nbytes // 4 // world * world)
         full, part = torch.randn(n), torch.empty(n // world)
-        times, tx = [], []
+        times, cpu, tx = [], [], []
         for _ in range(reps + 1):
             dist.barrier()
-            tx0, t0 = tx_bytes(ifname), time.perf_counter()
+            tx0, t0, c0 = tx_bytes(ifname), time.perf_counter(), time.process_time()
             if op == "reduce_scatter":
                 dist.reduce_scatter_tensor(part, full)
             elif op == "all_gather":
@@ -124,10 +126,12 @@ def time_collectives(calls: list[tuple[str, int]], reps: int, ifname: str) -> li
             else:
                 dist.all_reduce(full)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             tx1 = tx_bytes(ifname)
             tx.append(None if tx0 is None else tx1 - tx0)
         booked = n * 4 * (2 if op == "all_reduce" else 1)
-        out.append({"op": op, "nbytes": booked, "times": times[1:], "tx_bytes": tx[1:]})
+        out.append({"op": op, "nbytes": booked, "times": times[1:], "cpu_times": cpu[1:],
+                    "tx_bytes": tx[1:]})  # fmt: skip
     return out
 
 
@@ -228,7 +232,8 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         steps=warmup + steps,
         cache_dir=spec["cache_dir"],
     )
-    result: dict[str, Any] = {"rank": rank, "mode": mode, "methods": info, "steps": []}
+    result: dict[str, Any] = {"rank": rank, "mode": mode, "methods": info, "steps": [],
+                              "cores": len(os.sched_getaffinity(0))}  # fmt: skip
     cal = spec.get("calibrate")
     if mode == "cluster" and cal:
         result["calibration"] = calibrate(cal["sizes"], cal["reps"], ifname)

@@ -141,14 +141,16 @@ def test_calibration_is_fitted_on_the_slowest_rank_of_each_repetition():
 
 
 def test_each_methods_own_collectives_are_timed_at_the_slowest_rank_of_each_repetition():
-    def calls(times):
+    def calls(times, cpu):
         return {"a": [{"kind": "values", "op": "all_reduce", "tensor_nbytes": 8, "nbytes": 16,
-                       "times": times, "tx_bytes": [None] * 3}]}  # fmt: skip
+                       "times": times, "cpu_times": cpu, "tx_bytes": [None] * 3}]}  # fmt: skip
 
-    r0 = _rank(0, {"a": [1.0, 1.0]}, step_calls=calls([0.1, 0.5, 0.2]))
-    r1 = _rank(1, {"a": [1.0, 1.0]}, step_calls=calls([0.3, 0.1, 0.2]))
+    r0 = _rank(0, {"a": [1.0, 1.0]}, step_calls=calls([0.1, 0.5, 0.2], [0.1, 0.2, 0.3]))
+    r1 = _rank(1, {"a": [1.0, 1.0]}, step_calls=calls([0.3, 0.1, 0.2], [0.3, 0.0, 0.1]))
     timed = ms.summarize_round([r0, r1], 2)["step_calls"]["a"]["values"]
     assert timed["times"] == [0.3, 0.5, 0.2] and timed["seconds"] == 0.3
+    # CPU: the ranks' mean per repetition (0.2, 0.1, 0.2), then the median
+    assert timed["cpu_times"] == pytest.approx([0.2, 0.1, 0.2]) and timed["cpu_s"] == 0.2
     assert (timed["op"], timed["nbytes"]) == ("all_reduce", 16)
 
 
@@ -252,6 +254,37 @@ def test_model_books_each_call_as_timed_at_the_steps_own_size_where_the_round_ha
     )
     assert q["grad"] == pytest.approx(4 * 0.2 - 0.3) and q["mask"] == 0.01
     assert q["total"] == pytest.approx(0.5 + 0.5 + 0.01)
+
+
+def test_model_books_the_cpu_time_of_hidden_calls_as_displaced_compute_on_full_cores():
+    """What a call hides is not free when the ranks fill the cores: its CPU share, measured
+    bare, times the hidden seconds, spread over the cores. Exposed calls, untimed calls and
+    ranks that leave cores free book nothing."""
+    dense = {"buckets": 4, "overlap_grad_reduce": True, "delay_mask": None,
+             "bytes_per_rank": {"grad_values": 50e6, "param_values": 100e6}}  # fmt: skip
+    timed = {"grad_values": {"seconds": 0.02, "cpu_s": 0.015},
+             "param_values": {"seconds": 0.03, "cpu_s": 0.03}}  # fmt: skip
+    free = ms.predict(dense, 0.1, 0.4, FITS, 2, timed)
+    assert free["hidden_grad"] == pytest.approx(3 * 0.02) and free["displaced"] == 0.0
+    full = ms.predict(dense, 0.1, 0.4, FITS, 2, timed, cores=2)
+    assert full["displaced"] == pytest.approx(3 * 0.02 * 0.75)  # the all-gather is exposed
+    assert full["total"] == pytest.approx(free["total"] + 0.045)
+    # 4 ranks on 2 cores: each core carries two ranks' hidden CPU time
+    four = ms.predict(dense, 0.1, 0.4, FITS, 4, timed, cores=2)
+    assert four["displaced"] == pytest.approx(2 * four["hidden_grad"] * 0.75)
+    assert ms.predict(dense, 0.1, 0.4, FITS, 2, timed, cores=8)["displaced"] == 0.0
+    assert ms.predict(dense, 0.1, 0.4, FITS, 2, None, cores=2)["displaced"] == 0.0  # untimed
+    over = {"grad_values": {"seconds": 0.02, "cpu_s": 0.05}}  # two threads: capped at 1
+    assert ms.predict(dense, 0.1, 0.4, FITS, 2, over, cores=2)["displaced"] == pytest.approx(0.06)
+    # SCAPE: its values' all-reduces hidden behind backward and its masks behind the step
+    scape = {"buckets": 2, "value_collectives": 2, "overlap_grad_reduce": True,
+             "delay_mask": True, "values_in_grad_sync": True,
+             "bytes_per_rank": {"grad_values": 1e6, "param_values": 1e6, "masks": 1e6}}  # fmt: skip
+    q = ms.predict(scape, 0.5, 0.4, FITS, 2,
+                   {"values": {"seconds": 0.1, "cpu_s": 0.05},
+                    "masks": {"seconds": 0.01, "cpu_s": 0.01}}, cores=2)  # fmt: skip
+    assert q["hidden_grad"] == pytest.approx(0.1) and q["mask"] == 0.0
+    assert q["displaced"] == pytest.approx(0.1 * 0.5 + 0.01 * 1.0)
 
 
 def _round(name, w, methods, **extra):
@@ -399,6 +432,8 @@ def test_sweep_floor_and_link_rounds_through_the_pretrain_engines(tmp_path, prep
     values = m["scape-99"]["bytes_per_rank"]["grad_values"] * 2 / m["scape-99"]["buckets"]
     assert calls["scape-99"]["values"]["nbytes"] == pytest.approx(values / ring, rel=1e-2)
     assert all(c["seconds"] > 0 for kinds in calls.values() for c in kinds.values())
+    assert all(c["cpu_s"] >= 0 for kinds in calls.values() for c in kinds.values())
+    assert link["cores"] >= 1  # the model books displaced compute against them
     pts = {p["method"]: p for p in doc["points"]}
     assert set(pts) == set(m) and all(p["floor_s"] > 0 for p in pts.values())
     assert all(p["floor_in_round"] for p in pts.values())
