@@ -276,7 +276,7 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
                      "-" if p.get("comm_over_compute") is None else f"{p['comm_over_compute']:.2f}",
                      _kb(p["bytes_per_rank"]), "-" if wire is None else f"{wire:.2f}",
                      "-" if err is None else f"{_ms(p['predicted']['total'])} ({err:+.0%})",
-                     _loadavg(p)])  # fmt: skip
+                     _ms((p.get("predicted") or {}).get("displaced")), _loadavg(p)])  # fmt: skip
         if err is not None:
             status.setdefault("errors", []).append((abs(err), p))
         status[(p["world_size"], p["link"], p["method"])] = p
@@ -284,12 +284,13 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
               "AdamS (median of same-step ratios: against the faster of the two dense variants at "
               "each step / without overlap / with overlap), exposed time over compute "
               "((step - floor) / floor), bytes per rank per step as the engines count them (ring "
-              "accounting) and as the interfaces sent them (wire / counted), the cost model, and "
-              "the 1-min load average before and after the round.", ""]  # fmt: skip
+              "accounting) and as the interfaces sent them (wire / counted), the cost model and "
+              "the compute it books as displaced by hidden collectives' CPU time (older runs: "
+              "-), and the 1-min load average before and after the round.", ""]  # fmt: skip
     lines += _table(["ranks x link", "method", "step ms [quartiles]", "floor ms", "step / floor",
                      "speed-up vs dense: faster / no overlap / overlap", "comm / compute",
                      "kB/rank counted", "wire / counted", "model ms (error)",
-                     "load before / after"], rows)  # fmt: skip
+                     "of which displaced ms", "load before / after"], rows)  # fmt: skip
     fits = []
     for name, rnd in rounds.items():
         if rnd.get("mode") != "cluster":
@@ -630,8 +631,17 @@ def step_targets(status: dict[str, Any]) -> list[list[str]]:
     else:
         within = sum(e <= TARGETS["model_error"] for e, _ in errs)
         worst, wp = max(errs, key=lambda ep: ep[0])
+        # the same points without the displaced-compute term (hiding booked as free)
+        free = [abs((p["predicted"]["total"] - p["predicted"]["displaced"]) / p["step_s"] - 1)
+                for _, p in errs if p["predicted"].get("displaced")]  # fmt: skip
+        if free:
+            free += [e for e, p in errs if not p["predicted"].get("displaced")]
+            without = (f"; without the displaced-compute term {sum(e <= TARGETS['model_error'] for e in free)}"
+                       f"/{len(free)}, worst {max(free):.0%}")  # fmt: skip
+        else:
+            without = ""
         rows.append([text, f"{within}/{len(errs)} within; worst {worst:.0%} "
-                     f"({wp['world_size']} x {wp['link']} {wp['method']})",
+                     f"({wp['world_size']} x {wp['link']} {wp['method']}){without}",
                      "met" if worst <= TARGETS["model_error"] else "not met"])  # fmt: skip
     return rows
 

@@ -198,3 +198,15 @@ def test_every_committed_sweep_gets_a_row_oldest_first_with_its_host_probe(tmp_p
         "| `megatron_step.json` | 9b3cba2 | 2026-12-02 09:00:00 UTC | own launches | "
         "in each round | 43 [41-45] | 150 / 160 | 600 / 200 | x3.00 | x2.50 | - | x3.75 |",
     ]
+
+
+def test_the_model_column_shows_displaced_compute_and_the_target_the_model_without_it(tmp_path):
+    hidden = _point(2, "dense-overlap", 0.50, 0.10, 1.0, 1.0, 1.0, err=0.04)
+    hidden["predicted"]["displaced"] = 0.1  # without it the model is 0.42: -16%
+    points = [hidden, _point(2, "scape-99", 0.11, 0.10, 4.5, 4.5, 4.5, err=-0.02)]
+    (tmp_path / "megatron_step.json").write_text(json.dumps(_doc(points)))
+    md = report.render(tmp_path)
+    assert "| 520 (+4%) | 100 | 0.31 / 1.72 |" in md  # model, of which displaced
+    assert "| 108 (-2%) | - | 0.31 / 1.72 |" in md  # a point with no displaced term
+    assert ("2/2 within; worst 4% (2 x 1gbit dense-overlap); without the displaced-compute "
+            "term 1/2, worst 16% | met |") in md  # fmt: skip
