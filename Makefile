@@ -71,11 +71,12 @@ endif
 # study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
 # re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*
 # and results/bench/README.md.
-.PHONY: bench bench-bytes bench-overhead bench-step bench-break-even bench-project bench-report bench-peers-cluster
+.PHONY: bench bench-bytes bench-overhead bench-step bench-floor-parts bench-break-even bench-project bench-report bench-peers-cluster
 bench: $(STAMP)
 	$(PY) -m benchmarks.bytes $(BUSY)
 	$(PY) -m benchmarks.overhead $(BUSY)
 	$(PY) -m benchmarks.megatron_step $(BUSY)
+	$(PY) -m benchmarks.floor_parts $(BUSY)
 	$(PY) -m benchmarks.projection
 	$(PY) -m benchmarks.break_even
 	$(PY) -m benchmarks.report
@@ -93,6 +94,12 @@ bench-overhead: $(STAMP)
 # ARGS e.g. "--worlds 2 --rates-mbit 1000" or "--fresh".
 bench-step: $(STAMP)
 	$(PY) -m benchmarks.megatron_step $(BUSY) $(ARGS)
+
+# Where the sweep model's compute-only step goes, part by part (forward, backward, SCAPE's
+# pack / commit / update / select spans under torch.profiler), 2 ranks, dense AdamS and
+# SCAPE-90/99. Writes results/bench/floor_parts.json. ~2 min. ARGS e.g. "--world 4".
+bench-floor-parts: $(STAMP)
+	$(PY) -m benchmarks.floor_parts $(BUSY) $(ARGS)
 
 # The break-even map (projection over bandwidth x tokens per GPU, measured points placed by
 # their comm/compute ratio): results/bench/break_even.{png,md,csv,json}. Seconds.

@@ -601,7 +601,7 @@ def _link_record(link: LinkSpec | None, loopback: bool) -> dict[str, Any]:
             "latency_ms": link.latency_ms, "label": link.label}  # fmt: skip
 
 
-def _prepare_data(methods_by_world: dict[int, list[dict]]) -> None:
+def prepare_data(methods_by_world: dict[int, list[dict]]) -> None:
     """Prepare the corpus the methods train on if it is not there yet (the prepare stage)."""
     from data_prep.config import PrepareConfig
     from data_prep.dataset import prepared_dir
@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         methods_by_world = {w: methods_for(args.suite, w, args.data_root.resolve(), tmp / "runs",
                                            args.model_overrides, args.methods)
                             for w in args.worlds}  # fmt: skip
-        _prepare_data(methods_by_world)
+        prepare_data(methods_by_world)
         settings = {"suite": args.suite, "rounds": rounds_plan, "steps": args.steps,
                     "warmup": args.warmup, "loopback": args.loopback,
                     "shared_process": args.shared_process,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.floor_parts import table as floor_parts_table
 from benchmarks.overhead import SCAPE_STEP
 
 __all__ = ["render"]
@@ -417,6 +418,29 @@ def runs_section(bench_dir: Path) -> list[str]:
     ]
 
 
+def floor_parts_section(doc: dict[str, Any] | None) -> list[str]:
+    """Where the sweep model's compute-only step goes, by part (``floor_parts.json``)."""
+    if doc is None:
+        return []
+    q = doc.get("quiet") or {}
+    return [
+        "",
+        f"Where the compute-only step of section 2's model goes, part by part (`make "
+        f"bench-floor-parts`, started {doc.get('started_at', '?')}, {doc['world_size']} ranks, "
+        f"{doc['steps']} steps under `torch.profiler` after {doc['warmup']}; load "
+        f"{_loadavg(q)}, host probe {_host_probe(q)} ms). ms per step: forward and backward "
+        "timed apart by the floor launch, SCAPE's named spans (`scape.pack`: candidate moment "
+        "and packing, in backward; `scape.commit`: the moment minus what was sent; "
+        "`scape.update`: decode and update every entry; `scape.select`: the owner's masks "
+        "for the next step), and the rest of the step (for dense AdamS: its optimizer step and "
+        "Megatron's bookkeeping). The "
+        "profiler slows every op, so the steps are longer than section 2's floors; read the "
+        "parts as proportions.",
+        "",
+        *floor_parts_table(doc),
+    ]
+
+
 def overhead_section(
     o: dict[str, Any] | None, proj: dict[str, Any] | None, before: dict[str, Any] | None = None
 ) -> tuple[list[str], dict]:
@@ -703,6 +727,7 @@ def render(bench_dir: Path) -> str:
         "## 3. Optimizer-side work",
         "",
         *overhead_lines,
+        *floor_parts_section(_load(bench_dir / "floor_parts.json")),
         "",
         "## 4. Projection to 32 GH200 nodes, and where SCAPE pays",
         "",

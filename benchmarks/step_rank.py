@@ -58,7 +58,14 @@ import torch.distributed as dist
 
 from benchmarks.netns import tx_bytes
 
-__all__ = ["calibrate", "install_local_group", "main", "step_calls", "time_collectives"]
+__all__ = [
+    "calibrate",
+    "install_local_group",
+    "main",
+    "span_seconds",
+    "step_calls",
+    "time_collectives",
+]
 
 FWD_BWD_REPS = 3
 
@@ -160,6 +167,13 @@ def step_calls(info: dict[str, Any], counted: dict[str, float], world: int) -> l
     return [{"kind": k, "op": op, "nbytes": int(round(n))} for k, op, n in kinds if n > 0]
 
 
+def span_seconds(profiler: torch.profiler.profile, prefix: str, steps: int) -> dict[str, float]:
+    """Seconds per step in each ``record_function`` span whose name starts with ``prefix``
+    (CPU time of the span, all its calls in the profiled steps, over ``steps``)."""
+    return {e.key: e.cpu_time_total / 1e6 / steps for e in profiler.key_averages()
+            if e.key.startswith(prefix)}  # fmt: skip
+
+
 def _data_key(cfg) -> tuple:
     t = cfg.train
     return (cfg.data_root, cfg.data.name, cfg.tokenizer.name, cfg.model.seq_length,
@@ -194,6 +208,8 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     ifname = spec["ifname"] if mode == "cluster" else "lo"
     warmup, steps = int(spec["warmup"]), int(spec["steps"])
     methods = spec["methods"]
+    if spec.get("profile_parts") and len(methods) != 1:
+        raise ValueError(f"profile_parts times one method per launch, got {len(methods)}")
     cfgs = {m["name"]: compose(m["overrides"]) for m in methods}
     keys = {name: _data_key(cfg) for name, cfg in cfgs.items()}
     if len(set(keys.values())) != 1:
@@ -239,7 +255,12 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         result["calibration"] = calibrate(cal["sizes"], cal["reps"], ifname)
     names = [m["name"] for m in methods]
     last_sent: dict[str, dict[str, float]] = {}  # method -> bytes by kind, its last step
+    profiler = None
+    if spec.get("profile_parts"):  # SCAPE's named spans over the measured steps
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     for step in range(warmup + steps):
+        if profiler is not None and step == warmup:
+            profiler.start()
         batches = data.rank_micro_batches(step, rank, t.micro_batch_size)
         k = step % len(names)
         for name in names[k:] + names[:k]:
@@ -254,6 +275,9 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             if rank == 0:
                 row.update(bytes=sent, loss=res.loss)
             result["steps"].append(row)
+    if profiler is not None:
+        profiler.stop()
+        result["parts"] = span_seconds(profiler, "scape.", steps)
     if mode == "cluster" and spec.get("time_step_calls"):
         # each method's own collectives, bare, at the sizes its step just sent: gloo's
         # CPU-bound collectives are not linear in size, so the model times these

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from torch.profiler import record_function
 
 from scape.config import ScapeConfig
 from scape.megatron.bucket_group import promote_bucket_groups
@@ -148,14 +149,17 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
             span = slice(shard.start, shard.end)
-            commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
-                           world_size=W)  # fmt: skip
-            sum_sq += step_bucket_(
-                st.main[span], None if st.second_moment is None else st.second_moment[span],
-                basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],
-                decay_factor=1.0 - lr * weight_decay, update=cfg.update, step=st.updates,
-                lr=lr, beta=cfg.second_moment_beta, eps=self._eps(),
-            )  # fmt: skip
+            # record_function: named spans for torch.profiler (benchmarks.floor_parts)
+            with record_function("scape.commit"):
+                commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
+                               world_size=W)  # fmt: skip
+            with record_function("scape.update"):
+                sum_sq += step_bucket_(
+                    st.main[span], None if st.second_moment is None else st.second_moment[span],
+                    basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],
+                    decay_factor=1.0 - lr * weight_decay, update=cfg.update, step=st.updates,
+                    lr=lr, beta=cfg.second_moment_beta, eps=self._eps(),
+                )  # fmt: skip
         self._grad_norm = torch.tensor(sum_sq**0.5, dtype=torch.float64)
         st.last_used_masks = None if dense else st.masks
         main = st.main
@@ -164,7 +168,8 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         if st.step >= cfg.dense_warmup_steps:
             # After a dense step the moments are empty: the next masks come from what was just
             # sent in full (the candidates), otherwise from the committed moments.
-            st.start_next_masks(st.candidate if dense else st.moment)
+            with record_function("scape.select"):
+                st.start_next_masks(st.candidate if dense else st.moment)
         if self.check_every and st.step % self.check_every == 0:
             self.check_consistency()
         st.clear_step()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from scape.basis import ShardBasis
 from scape.comm import ByteCounter, SparseCommunicator
@@ -113,6 +114,7 @@ class ScapeState:
         return self.dense
 
     # ------------------------------------------------------------------ the values
+    @record_function("scape.pack")
     def pack_bucket(self, b: int, grad: Tensor) -> Tensor:
         """Candidate moment of bucket ``b`` and this rank's packed values at the masks, plus
         one flag entry (0, or inf if any of this rank's candidate entries is not finite) that

@@ -210,3 +210,18 @@ def test_the_model_column_shows_displaced_compute_and_the_target_the_model_witho
     assert "| 108 (-2%) | - | 0.31 / 1.72 |" in md  # a point with no displaced term
     assert ("2/2 within; worst 4% (2 x 1gbit dense-overlap); without the displaced-compute "
             "term 1/2, worst 16% | met |") in md  # fmt: skip
+
+
+def test_floor_parts_are_shown_in_section_3_with_what_is_left_of_the_step(tmp_path):
+    parts = {"scape.pack": 0.04, "scape.commit": 0.025, "scape.update": 0.084,
+             "scape.select": 0.048}  # fmt: skip
+    doc = {"world_size": 2, "steps": 10, "warmup": 3, "started_at": "2026-12-02 09:47:45 UTC",
+           "quiet": {"load_before": 1.41, "load_after": 1.88, "host_ms_before": 33.2,
+                     "host_ms_after": 32.9},
+           "methods": {"scape-99": {"step_s": 0.316, "forward_s": 0.04, "backward_s": 0.063,
+                                    "parts_s": parts}}}  # fmt: skip
+    assert "bench-floor-parts" not in report.render(tmp_path)  # no file: no table
+    (tmp_path / "floor_parts.json").write_text(json.dumps(doc))
+    sec3 = report.render(tmp_path).split("## 3.")[1].split("## 4.")[0]
+    assert "load 1.41 / 1.88, host probe 33 / 33 ms" in sec3
+    assert "| scape-99 | 316 | 40 | 63 | 40 | 25 | 84 | 48 | 16 |" in sec3  # rest: 316 - 300
