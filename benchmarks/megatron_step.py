@@ -230,8 +230,6 @@ def summarize_round(results: list[dict[str, Any]], world: int) -> dict[str, Any]
             "loss_last": rows0[-1].get("loss") if rows0 else None,
         }  # fmt: skip
     out: dict[str, Any] = {"methods": methods}
-    if r0.get("cores"):
-        out["cores"] = r0["cores"]  # the cores the ranks ran on (the model's displaced term)
     if r0.get("calibration"):
         cal = []
         for i, c in enumerate(r0["calibration"]):
@@ -479,8 +477,7 @@ def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
                    ) -> list[dict[str, Any]]:  # fmt: skip
     """Per rank, one result as if every launch of the round had been one: steps renumbered
     by their launch's ``step_offset``, the first calibration, every method's collective
-    timings, the cores the ranks ran on, and forward/backward from the first launch that
-    timed a dense method."""
+    timings, and forward/backward from the first launch that timed a dense method."""
     merged: list[dict[str, Any]] = []
     for launch, results in launches:
         offset = launch["step_offset"]
@@ -488,8 +485,6 @@ def merge_launches(launches: list[tuple[dict[str, Any], list[dict[str, Any]]]]
             if r == len(merged):
                 merged.append({"rank": r, "mode": res.get("mode"), "methods": {}, "steps": []})
             out = merged[r]
-            if "cores" in res:
-                out["cores"] = res["cores"]
             out["methods"].update(res["methods"])
             out["steps"] += [{**row, "step": row["step"] + offset} for row in res["steps"]]
             if "calibration" in res and "calibration" not in out:
@@ -544,7 +539,9 @@ def run_round_once(rnd: dict[str, Any], methods: list[dict], args: argparse.Name
     plan = launch_plan(methods, args.steps, args.warmup, args.shared_process, with_floor)
     record: dict[str, Any] = {"name": rnd["name"], "mode": rnd["mode"], "world_size": w,
                               "link": _link_record(link, args.loopback),
-                              "launches": len(plan)}  # fmt: skip
+                              "launches": len(plan),
+                              # the cores the ranks run on (the model's displaced term)
+                              "cores": len(os.sched_getaffinity(0))}  # fmt: skip
     start = time.perf_counter()
     done: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     timed: set[str] = set()  # methods whose collectives are timed (in their first launch)

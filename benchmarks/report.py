@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,11 +19,11 @@ from typing import Any
 import torch
 
 from benchmarks.floor_parts import table as floor_parts_table
+from benchmarks.megatron_step import DENSE
 from benchmarks.overhead import SCAPE_STEP
 
 __all__ = ["render"]
 
-DENSE_METHODS = ("dense-no-overlap", "dense-overlap")
 TARGETS = {
     "bytes99": 60.0,  # dense ZeRO-1 bf16 / SCAPE-99 at least this
     "bytes90": 7.0,
@@ -345,9 +346,25 @@ def step_section(doc: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]
     return lines, status
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+def _dense_step_1gbit(at: dict[tuple, dict[str, Any]], w: int) -> float | None:
+    """The faster dense AdamS step at ``w`` ranks x 1 Gbit/s, from points keyed
+    ``(world_size, link, method)``."""
+    return min((s for m in DENSE if (s := (at.get((w, "1gbit", m)) or {}).get("step_s"))),
+               default=None)  # fmt: skip
+
+
+def _free_exchange_ceiling(at: dict[tuple, dict[str, Any]], w: int, method: str) -> float | None:
+    """The speed-up ``method`` would have at ``w`` ranks x 1 Gbit/s with a free exchange:
+    the faster dense step over the method's own compute-only floor (forward, backward and
+    its CPU work), same rounds."""
+    dense, floor = _dense_step_1gbit(at, w), (at.get((w, "1gbit", method)) or {}).get("floor_s")
+    return dense / floor if dense and floor else None
+
+
+RUNS_HEADER = ["run", "commit", "started", "methods", "floors", "host probe ms",
+               "2x1G floors ms: dense / SCAPE-99", "2x1G steps ms: dense / SCAPE-99",
+               "SCAPE-99 2 ranks", "SCAPE-99 4 ranks", "SCAPE-90 2 ranks",
+               "SCAPE-99 ceiling 2 ranks"]  # fmt: skip
 
 
 def _run_row(name: str, doc: dict[str, Any]) -> list[str]:
@@ -359,20 +376,19 @@ def _run_row(name: str, doc: dict[str, Any]) -> list[str]:
 
     probes = [q[k] for r in doc["rounds"].values() if (q := r.get("quiet") or {})
               for k in ("host_ms_before", "host_ms_after") if q.get(k) is not None]  # fmt: skip
-    probe = f"{_median(probes):.0f} [{min(probes):.0f}-{max(probes):.0f}]" if probes else "-"
-    dense_step = min((s for m in DENSE_METHODS if (s := get(2, m, "step_s"))), default=None)
-    scape_floor = get(2, "scape-99", "floor_s")
-    ceiling = dense_step / scape_floor if dense_step and scape_floor else None
+    probe = (f"{statistics.median(probes):.0f} [{min(probes):.0f}-{max(probes):.0f}]"
+             if probes else "-")  # fmt: skip
     shared = (doc.get("settings") or {}).get("shared_process", True)
     in_round = any("floor" in r for r in doc["rounds"].values())
     return [f"`{name}`", str((doc.get("fingerprint") or {}).get("commit", "?"))[:7],
             doc.get("started_at", "?"), "one launch" if shared else "own launches",
             "in each round" if in_round else "own round", probe,
-            f"{_ms(get(2, 'dense-no-overlap', 'floor_s'))} / {_ms(scape_floor)}",
-            f"{_ms(dense_step)} / {_ms(get(2, 'scape-99', 'step_s'))}",
+            f"{_ms(get(2, 'dense-no-overlap', 'floor_s'))} / {_ms(get(2, 'scape-99', 'floor_s'))}",
+            f"{_ms(_dense_step_1gbit(at, 2))} / {_ms(get(2, 'scape-99', 'step_s'))}",
             _x(get(2, "scape-99", "speedup_vs_best_dense")),
             _x(get(4, "scape-99", "speedup_vs_best_dense")),
-            _x(get(2, "scape-90", "speedup_vs_best_dense")), _x(ceiling)]  # fmt: skip
+            _x(get(2, "scape-90", "speedup_vs_best_dense")),
+            _x(_free_exchange_ceiling(at, 2, "scape-99"))]  # fmt: skip
 
 
 def runs_section(bench_dir: Path) -> list[str]:
@@ -398,23 +414,7 @@ def runs_section(bench_dir: Path) -> list[str]:
         "faster dense step / its own floor). SCAPE's step is bound by its own CPU work and "
         "dense AdamS's by the link, so a faster host raises SCAPE's ratios.",
         "",
-        *_table(
-            [
-                "run",
-                "commit",
-                "started",
-                "methods",
-                "floors",
-                "host probe ms",
-                "2x1G floors ms: dense / SCAPE-99",
-                "2x1G steps ms: dense / SCAPE-99",
-                "SCAPE-99 2 ranks",
-                "SCAPE-99 4 ranks",
-                "SCAPE-90 2 ranks",
-                "SCAPE-99 ceiling 2 ranks",
-            ],
-            [_run_row(n, d) for n, d in docs],
-        ),  # fmt: skip
+        *_table(RUNS_HEADER, [_run_row(n, d) for n, d in docs]),
     ]
 
 
@@ -614,14 +614,9 @@ def step_targets(status: dict[str, Any]) -> list[list[str]]:
         return status.get((w, "1gbit", method))
 
     def ceiling(w: int, p: dict[str, Any]) -> str:
-        """The speed-up SCAPE would have with a free exchange: the faster dense step over
-        SCAPE's own compute-only floor (forward, backward and its CPU work), same rounds."""
-        dense = [d["step_s"] for m in DENSE_METHODS
-                 if (d := point(w, m)) and d.get("step_s")]  # fmt: skip
-        if not dense or not p.get("floor_s"):
-            return ""
-        return (f"; at most {_x(min(dense) / p['floor_s'])} with a free exchange (the faster "
-                "dense step / this method's compute-only floor)")  # fmt: skip
+        c = _free_exchange_ceiling(status, w, p["method"])
+        return "" if c is None else (f"; at most {_x(c)} with a free exchange (the faster "
+                                     "dense step / this method's compute-only floor)")  # fmt: skip
 
     def sp(w: int, p: dict[str, Any]) -> str:
         return (f"{_x(p.get('speedup_vs_best_dense'))} against the faster dense (no overlap "
@@ -656,14 +651,13 @@ def step_targets(status: dict[str, Any]) -> list[list[str]]:
         within = sum(e <= TARGETS["model_error"] for e, _ in errs)
         worst, wp = max(errs, key=lambda ep: ep[0])
         # the same points without the displaced-compute term (hiding booked as free)
-        free = [abs((p["predicted"]["total"] - p["predicted"]["displaced"]) / p["step_s"] - 1)
-                for _, p in errs if p["predicted"].get("displaced")]  # fmt: skip
-        if free:
-            free += [e for e, p in errs if not p["predicted"].get("displaced")]
-            without = (f"; without the displaced-compute term {sum(e <= TARGETS['model_error'] for e in free)}"
-                       f"/{len(free)}, worst {max(free):.0%}")  # fmt: skip
-        else:
-            without = ""
+        free = [abs((p["predicted"]["total"] - p["predicted"].get("displaced", 0.0))
+                    / p["step_s"] - 1) for _, p in errs]  # fmt: skip
+        without = ""
+        if any(p["predicted"].get("displaced") for _, p in errs):
+            without = (f"; without the displaced-compute term "
+                       f"{sum(e <= TARGETS['model_error'] for e in free)}/{len(free)}, "
+                       f"worst {max(free):.0%}")  # fmt: skip
         rows.append([text, f"{within}/{len(errs)} within; worst {worst:.0%} "
                      f"({wp['world_size']} x {wp['link']} {wp['method']}){without}",
                      "met" if worst <= TARGETS["model_error"] else "not met"])  # fmt: skip

@@ -248,8 +248,7 @@ def run(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         steps=warmup + steps,
         cache_dir=spec["cache_dir"],
     )
-    result: dict[str, Any] = {"rank": rank, "mode": mode, "methods": info, "steps": [],
-                              "cores": len(os.sched_getaffinity(0))}  # fmt: skip
+    result: dict[str, Any] = {"rank": rank, "mode": mode, "methods": info, "steps": []}
     cal = spec.get("calibrate")
     if mode == "cluster" and cal:
         result["calibration"] = calibrate(cal["sizes"], cal["reps"], ifname)
