@@ -1,6 +1,6 @@
 """Start one rank process per namespace (or on loopback) and collect what each wrote.
 
-``scape.testing.run_distributed`` spawns ranks from the parent's namespace; here every
+``scape.spawn.run_distributed`` spawns ranks from the parent's namespace; here every
 rank must start *inside* its own namespace, so each is a fresh ``python -m <module>``
 under ``ip netns exec``. A rank reads its JSON spec, joins the gloo group at rank 0's
 address over its namespace's interface, and writes ``rank<r>.json`` to ``out_dir``.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.netns import Cluster
-from scape.testing import find_free_port
+from scape.spawn import find_free_port
 
 __all__ = ["LaunchError", "error_summary", "launch_ranks"]
 

@@ -89,7 +89,7 @@ class _Progress:
 
 def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
     from pipelines.training.trainer import train_rank
-    from scape.testing import run_distributed
+    from scape.spawn import run_distributed
 
     claim_run_dir(cfg, run_dir)
     progress = _Progress(run_dir / METRICS_FILE, cfg.train.train_steps, cfg.progress, run_dir.name)

@@ -173,7 +173,7 @@ def megatron_steps(
     *, shape: str, steps: int, warmup: int, batch: int, sparsities, cpu: bool
 ) -> list:
     from scape.megatron.steptime import time_steps
-    from scape.testing import run_distributed
+    from scape.spawn import run_distributed
 
     runs = [("dense", None)] + [("scape", 1.0 - s) for s in sparsities]
     results = []

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from scape.basis import ShardBasis
 from scape.comm import SparseCommunicator, ring_bytes_per_rank, step_bytes_per_rank
 from scape.shard import pack
-from scape.testing import run_distributed
+from scape.spawn import run_distributed
 
 SHARD, CHUNK, K = 1000, 100, 2
 

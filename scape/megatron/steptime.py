@@ -93,7 +93,7 @@ def time_steps(
 
 def main(argv: list[str] | None = None) -> int:
     from scape.megatron.models import SHAPES
-    from scape.testing import run_distributed
+    from scape.spawn import run_distributed
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)

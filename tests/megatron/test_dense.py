@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scape.testing import run_distributed
+from scape.spawn import run_distributed
 
 STEPS = 8
 WORLD = 2

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from scape.comm import step_bytes_per_rank
-from scape.testing import run_distributed
+from scape.spawn import run_distributed
 
 STEPS = 20
 BUCKET = 20_000  # elements: tiny models get 4-5 buckets, so the multi-bucket path is exercised

@@ -1,7 +1,7 @@
 import pytest
 from peers_common import run_suites
 
-from scape.testing import run_distributed
+from scape.spawn import run_distributed
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pipelines.training.checkpoint import (
     load_rank_files,
     save_checkpoint,
 )
-from scape.testing import run_distributed
+from scape.spawn import run_distributed
 
 
 def _save_steps(rank, world_size, jobs):

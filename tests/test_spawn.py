@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scape.testing import DistributedRunError, run_distributed
+from scape.spawn import DistributedRunError, run_distributed
 
 
 def _all_reduce_rank(rank, world_size):
