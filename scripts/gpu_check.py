@@ -172,20 +172,18 @@ def _time_kernels(timer, moment, grad, *, sparsity, shard, n_buckets, world_size
 def megatron_steps(
     *, shape: str, steps: int, warmup: int, batch: int, sparsities, cpu: bool
 ) -> list:
-    from scape.megatron.steptime import time_steps
+    from benchmarks.harness.steptime import time_steps
     from scape.spawn import run_distributed
 
-    runs = [("dense", None)] + [("scape", 1.0 - s) for s in sparsities]
     results = []
-    for method, density in runs:
+    for sparsity in [None, *sparsities]:  # None: dense AdamS
         (res,) = run_distributed(
             time_steps,
             1,
             backend="gloo" if cpu else "nccl",
             timeout_s=300,
             shape=shape,
-            method=method,
-            density=density or 1.0,
+            sparsity=sparsity,
             steps=steps,
             warmup=warmup,
             batch=batch,
