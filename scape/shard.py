@@ -16,7 +16,11 @@ One step, per rank r, for a bucket of W shards of S entries (shard j owned by ra
 4. every rank turns the summed buffer into the same dense q (W*S,) (``decode``), and
 5. steps every entry with q (``rms_update_`` or ``sign_update_``) after decoupled weight
    decay, so replicas stay identical with no parameter all-gather. ``step_bucket_`` does 4
-   and 5 block by block, q's block still in cache: the same bits, q never whole.
+   and 5 block by block, q's block still in cache: the same bits, q never whole. q is
+   clipped as Megatron clips a dense gradient (``clip_coefficient``), by its global norm
+   over every bucket, read off the summed buffers (``buffer_sq_norm``): the bases are
+   orthonormal, so no decode is needed and every rank gets the same scalar with no
+   extra collective.
 6. ``owner_mask``: rank j's mask of shard j for the next step, from its committed m_j.
 
 During the dense warm-up the candidate travels whole (identity basis) and m_r is emptied.
@@ -25,6 +29,7 @@ During the dense warm-up the candidate travels whole (identity basis) and m_r is
 from __future__ import annotations
 
 import bisect
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -35,6 +40,8 @@ __all__ = [
     "WIRE_DTYPES",
     "accumulate",
     "all_finite",
+    "buffer_sq_norm",
+    "clip_coefficient",
     "commit_moment_",
     "decay_runs",
     "decode",
@@ -51,6 +58,7 @@ WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Elementwise updates over a whole buffer run block by block: the temporaries stay small
 # (cache-resident, reused by the allocator instead of fresh pages each step) and the
 # result is the same bit for bit, since every operation is elementwise.
+NormT = TypeVar("NormT", float, Tensor)
 UPDATE_BLOCK = 1 << 18  # 1 MB of fp32: the fastest of 2^14-2^24 for the rms update on CPU
 
 
@@ -65,6 +73,27 @@ def all_finite(x: Tensor) -> Tensor:
     NaN), short of overflowing 3.4e38 fp32, which would take entries near 1e31 in a bucket of
     millions: a step worth skipping anyway."""
     return torch.isfinite(x.sum())
+
+
+def buffer_sq_norm(synced: Tensor) -> float:
+    """``||q||^2`` of the bucket's dense q, from its summed buffer (W*n,) alone.
+
+    Every basis here (identity, chunked orthonormal DCT-II) preserves norms, and q is the
+    synthesis of the buffer's coefficients, so the two norms agree up to rounding (Parseval).
+    Summed per bucket in float64 by the caller."""
+    values = synced.float()
+    return float(torch.dot(values, values))
+
+
+def clip_coefficient(total_norm: NormT, max_norm: float | None) -> NormT | None:
+    """Megatron's rule for ``clip_grad``: scale by ``max_norm / (norm + 1e-6)`` when that is
+    below 1; None when nothing is to be scaled (``max_norm`` None or <= 0 turns clipping
+    off). The norm may be a float (SCAPE's, from the buffers) or a 0-dim tensor (the dense
+    simulator's, in its dtype); the coefficient comes back in the same type."""
+    if max_norm is None or max_norm <= 0:
+        return None
+    coeff = max_norm / (total_norm + 1.0e-6)
+    return coeff if coeff < 1.0 else None
 
 
 def pack(
@@ -202,14 +231,15 @@ def step_bucket_(
     lr: float,
     beta: float,
     eps: float,
-) -> float:
+    clip: float | None = None,
+) -> None:
     """Steps 4-5 for one bucket, fused block by block: decode the summed buffer ``synced``
-    (W*n,) into q, then weight decay (``p *= decay_factor`` on the bucket-relative runs
+    (W*n,) into q, scale it by ``clip`` (the step's :func:`clip_coefficient`; None leaves q
+    untouched), then weight decay (``p *= decay_factor`` on the bucket-relative runs
     ``decay``) and the update (:func:`rms_update_` or :func:`sign_update_`) of ``param`` and
     ``second_moment`` (W*S,) while q's block is still in cache: q never exists whole.
 
-    The same bits as decoding whole and stepping whole (every operation is elementwise).
-    Returns the sum of q's squares (fp32 per block, summed in float64) for the logged norm."""
+    The same bits as decoding whole and stepping whole (every operation is elementwise)."""
     if basis is None:  # dense warm-up: q is the buffer itself
         q = synced.float()
         blocks = ((lo, min(lo + UPDATE_BLOCK, q.numel()), q[lo : lo + UPDATE_BLOCK])
@@ -219,9 +249,9 @@ def step_bucket_(
         blocks = ((w * basis.size + lo, w * basis.size + hi, block)
                   for w in range(world_size)
                   for lo, hi, block in basis.synthesis_blocks(per_shard[w], masks[w]))  # fmt: skip
-    total = 0.0
     for lo, hi, q_block in blocks:
-        total += float(torch.dot(q_block, q_block))
+        if clip is not None:
+            q_block = q_block * clip  # a new tensor: in the warm-up q_block is the buffer
         p = param[lo:hi]
         if decay_factor != 1.0:
             weight_decay_(p, runs_within(decay, lo, hi), decay_factor)
@@ -229,7 +259,6 @@ def step_bucket_(
             rms_update_(p, second_moment[lo:hi], q_block, step=step, lr=lr, beta=beta, eps=eps)
         else:
             sign_update_(p, q_block, lr=lr)
-    return total
 
 
 def owner_mask(basis: ShardBasis, moment_shard: Tensor) -> Tensor:

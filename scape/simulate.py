@@ -29,6 +29,8 @@ from scape.shard import (
     WIRE_DTYPES,
     accumulate,
     all_finite,
+    buffer_sq_norm,
+    clip_coefficient,
     commit_moment_,
     decay_runs,
     decode,
@@ -54,14 +56,6 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 def default_decay_filter(name: str, param: Tensor) -> bool:
     """Decay matrices, not biases, norms or other vectors (GPT-2 / Megatron convention)."""
     return param.ndim >= 2
-
-
-def clip_coefficient(total_norm: Tensor, max_norm: float | None) -> Tensor | None:
-    """Megatron's rule: scale by max_norm / (norm + 1e-6) when that is below 1."""
-    if max_norm is None or max_norm <= 0:
-        return None
-    coeff = max_norm / (total_norm + 1.0e-6)
-    return coeff if coeff < 1.0 else None
 
 
 @dataclass(frozen=True)
@@ -320,21 +314,21 @@ class Simulator:
         if not (bool(all_finite(cand)) and all(bool(all_finite(s)) for s in synced)):
             return StepResult(t, loss, float("nan"), True, bytes_)
         self.updates += 1
-        sum_sq = 0.0
+        norm = sum(buffer_sq_norm(s) for s in synced) ** 0.5  # ||q||, before clipping
+        clip = clip_coefficient(norm, hp.max_grad_norm)
         for b, (start, end) in enumerate(self.layout.buckets):
             basis = None if dense else self.bases[b]
             masks = None if dense else self.masks[b]
             for w in range(W):
                 commit_moment_(self.moment[w, start:end], cand[w, start:end], basis, masks,
                                wires[b][w], world_size=W)  # fmt: skip
-            sum_sq += step_bucket_(
+            step_bucket_(
                 self.flat_param[start:end],
                 None if self.second_moment is None else self.second_moment[start:end],
                 basis, masks, synced[b], world_size=W, decay=self.decay_runs[b],
                 decay_factor=1.0 - lr * hp.weight_decay, update=cfg.update, step=self.updates,
-                lr=lr, beta=cfg.second_moment_beta, eps=hp.eps,
+                lr=lr, beta=cfg.second_moment_beta, eps=hp.eps, clip=clip,
             )  # fmt: skip
-        norm = sum_sq**0.5
         self.last_used_masks = None if dense else self.masks
         self.last_synced = synced  # the summed buffers every rank stepped with (last_q)
         overlap = None

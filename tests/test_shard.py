@@ -10,6 +10,8 @@ from scape import shard
 from scape.basis import ShardBasis, dct_matrix
 from scape.shard import (
     all_finite,
+    buffer_sq_norm,
+    clip_coefficient,
     decay_runs,
     decode,
     rms_update_,
@@ -63,14 +65,16 @@ def test_blocked_rms_update_is_bit_identical_to_the_whole_buffer(monkeypatch):
     assert torch.equal(p, p_ref) and torch.equal(v, v_ref)
 
 
+@pytest.mark.parametrize("clip", [None, 0.3])
 @pytest.mark.parametrize("update", ["rms", "sign"])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_fused_bucket_step_is_bit_identical_to_decoding_and_stepping_whole(
-    update, sparse, monkeypatch
+    update, sparse, clip, monkeypatch
 ):
     """step_bucket_ decodes and steps block by block (several blocks per shard here, and a
-    tail chunk); the params and second moment equal decoding q whole, a masked weight-decay
-    multiply and the whole-buffer update, bit for bit, and it returns |q|^2."""
+    tail chunk); the params and second moment equal decoding q whole, scaling it by the clip
+    coefficient, a masked weight-decay multiply and the whole-buffer update, bit for bit; the
+    buffer it was given is left as it was (in the warm-up q's blocks are the buffer)."""
     import scape.basis
 
     torch.manual_seed(5)
@@ -82,7 +86,10 @@ def test_fused_bucket_step_is_bit_identical_to_decoding_and_stepping_whole(
     decay = torch.ones(W * size, dtype=torch.bool)
     decay[300:420] = False  # an undecayed param across block boundaries
     p, v = torch.randn(W * size), torch.rand(W * size)
+    synced_before = synced.clone()
     q = decode(basis, masks, synced, W)
+    if clip is not None:
+        q = q * clip
     p_ref, v_ref = p.clone(), v.clone()
     p_ref[decay] *= 0.99
     if update == "rms":
@@ -91,13 +98,36 @@ def test_fused_bucket_step_is_bit_identical_to_decoding_and_stepping_whole(
         p_ref.add_(q.sign(), alpha=-1e-3)
     monkeypatch.setattr(scape.basis, "BLOCK_CHUNKS", 3)
     monkeypatch.setattr(shard, "UPDATE_BLOCK", 500)
-    sum_sq = step_bucket_(p, v if update == "rms" else None, basis, masks, synced, world_size=W,
-                          decay=decay_runs(decay), decay_factor=0.99, update=update, step=3,
-                          lr=1e-3, beta=0.95, eps=1e-8)  # fmt: skip
+    step_bucket_(p, v if update == "rms" else None, basis, masks, synced, world_size=W,
+                 decay=decay_runs(decay), decay_factor=0.99, update=update, step=3,
+                 lr=1e-3, beta=0.95, eps=1e-8, clip=clip)  # fmt: skip
     assert torch.equal(p, p_ref)
     if update == "rms":
         assert torch.equal(v, v_ref)
-    assert math.isclose(sum_sq, float(q.double().square().sum()), rel_tol=1e-6)
+    assert torch.equal(synced, synced_before)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_the_buffer_norm_is_the_norm_of_the_decoded_update(sparse):
+    """Parseval: the clip's global norm is read off the summed buffer, with no decode; it is
+    q's norm because every basis is orthonormal (a tail chunk included)."""
+    torch.manual_seed(6)
+    W, size = 3, 1037
+    basis = ShardBasis(size, 100, 4) if sparse else None
+    masks = torch.stack([basis.select(torch.randn(size)) for _ in range(W)]) if sparse else None
+    synced = torch.randn(W * (basis.num_selected if sparse else size))
+    q = decode(basis, masks, synced, W)
+    assert math.isclose(buffer_sq_norm(synced), float(q.double().square().sum()), rel_tol=1e-5)
+    assert math.isclose(buffer_sq_norm(synced.bfloat16()),
+                        float(synced.bfloat16().double().square().sum()), rel_tol=1e-5)  # fmt: skip
+
+
+def test_clip_coefficient_is_megatrons_rule():
+    assert clip_coefficient(4.0, 1.0) == pytest.approx(1.0 / (4.0 + 1e-6))
+    assert clip_coefficient(0.5, 1.0) is None  # below the threshold: untouched
+    assert clip_coefficient(4.0, None) is None and clip_coefficient(4.0, 0.0) is None
+    coeff = clip_coefficient(torch.tensor(2.0), 1.0)
+    assert isinstance(coeff, torch.Tensor) and float(coeff) == pytest.approx(0.5, rel=1e-5)
 
 
 @pytest.mark.parametrize("size", [1037, 1000])  # with and without a tail chunk

@@ -37,7 +37,14 @@ from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
-from scape.shard import commit_moment_, decay_runs, runs_within, step_bucket_
+from scape.shard import (
+    buffer_sq_norm,
+    clip_coefficient,
+    commit_moment_,
+    decay_runs,
+    runs_within,
+    step_bucket_,
+)
 
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
@@ -144,7 +151,10 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         lr, weight_decay = self._lr_and_weight_decay()
         dense = st.step_is_dense()
         st.updates += 1
-        sum_sq = 0.0
+        # ||q|| over every bucket, before clipping, off the summed buffers (the same on every
+        # rank, no collective); clipped by Megatron's clip_grad, as the dense arm's gradient
+        norm = sum(buffer_sq_norm(st.synced(b)) for b in range(len(st.shards))) ** 0.5
+        clip = clip_coefficient(norm, self.config.clip_grad)
         for b, shard in enumerate(st.shards):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
@@ -154,13 +164,13 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
                 commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
                                world_size=W)  # fmt: skip
             with record_function("scape.update"):
-                sum_sq += step_bucket_(
+                step_bucket_(
                     st.main[span], None if st.second_moment is None else st.second_moment[span],
                     basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],
                     decay_factor=1.0 - lr * weight_decay, update=cfg.update, step=st.updates,
-                    lr=lr, beta=cfg.second_moment_beta, eps=self._eps(),
+                    lr=lr, beta=cfg.second_moment_beta, eps=self._eps(), clip=clip,
                 )  # fmt: skip
-        self._grad_norm = torch.tensor(sum_sq**0.5, dtype=torch.float64)
+        self._grad_norm = torch.tensor(norm, dtype=torch.float64)
         st.last_used_masks = None if dense else st.masks
         main = st.main
         if main.data_ptr() != self.param_buffer.data_ptr():

@@ -350,9 +350,12 @@ def resumed(two, ckpt_dir):
 # ----------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("case", ["gpt", "llama"])
 def test_two_ranks_match_the_simulator_bit_for_bit(two, case):
-    """W=2: gloo's all-reduce adds two terms, a + b, exactly as the simulator does."""
+    """W=2: gloo's all-reduce adds two terms, a + b, exactly as the simulator does; with q
+    clipped by ``clip_grad`` (1.0) on some steps and not on others, so both agree on both."""
     sim = two[0][case]["sim"]
     assert len(sim) == len(two[0][case]["losses"]) >= 10
+    norms = [s["grad_norm"][1] for s in sim]
+    assert min(norms) < _spec().clip_grad < max(norms), norms
     for step, s in enumerate(sim, 1):
         assert s["masks_equal"], f"step {step}"
         assert s["params_equal"], f"step {step}: max |diff| {s['max_abs_diff']}"
