@@ -51,15 +51,8 @@ prefetch: $(STAMP)
 # CPU ranks, offline (~15-20 min on 2 cores). SCALE=paper CLUSTER=vista submits the paper's
 # sweeps to Slurm with submitit (DRY_RUN=1: write the sbatch scripts, submit nothing).
 # W&B logs offline unless WANDB_API_KEY is set. Extra Hydra overrides for every run go in ARGS.
-# At tiny scale it first times the same models and optimizers on an emulated 1 Gbit/s cluster
-# of 2 ranks (network namespaces: as root, ~3-5 min; benchmarks/megatron_step.py --suite
-# reproduce) for the efficiency table's speed columns; not root, or beside a study or the
-# tests, it writes why instead and the table leaves those columns out with that reason (a
-# failure of this step is reported and does not stop the reproduction).
+# The efficiency table has bytes, no speed columns: speed is `make bench-step`'s.
 reproduce-table: $(STAMP)
-ifeq ($(SCALE)-$(CLUSTER)-$(DRY_RUN),tiny-local-0)
-	-$(PY) -m benchmarks.megatron_step --suite reproduce --on-busy skip --settle-s 30 --retries 1 --out runs/steptime.json $(BUSY)
-endif
 	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
 
 # Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on

@@ -15,12 +15,10 @@ Quality: final validation loss / perplexity (the evaluate stage's, over the whol
 split; training's periodic estimate when a run has not been evaluated), its distance to the
 corpus's unigram level (``eval.unigram``, stated in the notes), and downstream accuracy per
 optimizer; an accuracy within noise of its task's chance rate is marked "at chance".
-Efficiency (``pipelines.efficiency``): bytes per rank per step from the runs; step time,
-speed-up and time saved against dense AdamS only from an emulated-cluster step-time file
-(``<output_root>/steptime.json``, written by ``make reproduce-table`` as root), else left out
-with a note saying why: the runs' own step times are loopback CPU times, not a speed
-measure. The paper's published headline figures (the abstract's; no table values are
-public) sit in their own column.
+Efficiency (``pipelines.efficiency``): bytes per rank per step from the runs, no speed
+columns (the runs' own step times are loopback CPU times, not a speed measure; speed is
+``make bench-step``'s, results/bench/README.md). The paper's published headline figures
+(the abstract's; no table values are public) sit in their own column.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.dataset import prepared_dir
-from pipelines.efficiency import STEP_TIMES_FILE, efficiency_table
+from pipelines.efficiency import efficiency_table
 from pipelines.training.config import sparsity_of
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
@@ -65,8 +63,6 @@ class TablesConfig:
     experiments: list[str] = field(default_factory=list)  # empty: all found
     out_dir: str = "results/tables"
     skip_steps: int = 2  # steps left out of the byte medians (start-up, dense warm-up)
-    # emulated-cluster step times (pipelines.efficiency); "" = <output_root>/steptime.json
-    step_times: str = ""
     # one W&B report per experiment (wandb-workspaces): saved when WANDB_API_KEY is set,
     # else written as <out_dir>/wandb_report_<experiment>.json
     wandb_report: bool = False
@@ -394,8 +390,7 @@ def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     levels = unigram_levels(runs)
     q_header, q_rows = quality_rows(runs, levels, cfg.chance_sigmas)
-    step_times = Path(cfg.step_times or Path(cfg.output_root) / STEP_TIMES_FILE)
-    e_header, e_rows, e_note = efficiency_table(runs, cfg.skip_steps, step_times, PAPER_CLAIMS)
+    e_header, e_rows, e_note = efficiency_table(runs, cfg.skip_steps, PAPER_CLAIMS)
     _write_table(
         out,
         "quality",
