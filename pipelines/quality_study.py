@@ -25,6 +25,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.studies.protocol import code_version
 from pipelines.studies.quality_config import QualityStudyConfig, RunSpec
 
 __all__ = ["plan_runs", "resolve", "run"]
@@ -85,11 +86,14 @@ def study_notes(cfg: QualityStudyConfig) -> str:
         f"{s.seq_length} tokens per step ({tokens:,} tokens), horizons as run ({s.steps} by "
         f"default); lr {s.lr:g} -> {s.min_lr:g} times the run's lr scale (warm-up "
         f"{s.warmup_steps}, cosine), wd {s.weight_decay}, betas ({s.beta1}, {s.beta2}), clip "
-        f"{s.max_grad_norm} (the dense references and the owner readings; the local-moment "
-        f"readings and SCAPE clip nothing); data `{cfg.data_dir}`. Final val loss: the whole "
-        f"validation split after the last step. Gap: per seed against the AdamS run with the "
-        f"same model, horizon and seed (same data order and initial weights), each at its "
-        f"own best lr of the grid (chosen on seed 0), then mean and std over seeds."
+        f"{s.max_grad_norm} for every arm: the dense references clip their reduced gradient, "
+        f"SCAPE its update q, by Megatron's rule (runs made before commit stamping: SCAPE "
+        f"clipped nothing; the local-moment readings still clip nothing); data "
+        f"`{cfg.data_dir}`. Final val loss: the whole validation split after the last step. "
+        f"Gap: per seed against the AdamS run with the same model, horizon and seed (same "
+        f"data order and initial weights), each at its own lr: the grid point with the lowest "
+        f"mean final loss over all the cell's seeds at the horizon shown; then mean and std "
+        f"over seeds."
     )
 
 
@@ -106,6 +110,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     torch.set_num_threads(1)  # the machine is shared; one core per study process
     init_megatron_single_process()
     out_dir = Path(cfg.out_dir)
+    code = code_version(Path(__file__).resolve().parents[1])
+    runs_dir = out_dir / "runs" / str(code["step_code"])
     plan = [] if cfg.report_only else plan_runs(cfg)
     data_by_seed, val_batches, final_val_batches = {}, None, None
     for i, spec in enumerate(plan, 1):
@@ -124,7 +130,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
             val_batches = data.validation_batches(cfg.scale.val_max_sequences, batch_size=64)
             final_val_batches = data.validation_batches(None, batch_size=64)
         start = time.perf_counter()
-        final = train_run(spec, data, val_batches, final_val_batches, out_dir / "runs")
+        final = train_run(spec, data, val_batches, final_val_batches, runs_dir, code)
         print(
             f"[{i}/{len(plan)}] {spec.run_id}: val {final['final_val_loss']:.4f}"
             f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",

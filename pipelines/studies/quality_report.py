@@ -13,10 +13,12 @@ import csv
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.studies.protocol import UNSTAMPED, LrChoice, choose_lr, verdict_code
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.quality_run import FINAL, STALENESS_KEYS
 from pipelines.studies.reading_costs import reading_cost
@@ -50,10 +52,21 @@ class RunLog:
     def variant(self) -> str:
         return self.header["variant"]
 
+    @property
+    def step_code(self) -> str:
+        """The code version that made the run (:func:`protocol.step_code`)."""
+        return (self.header.get("code") or {}).get("step_code") or UNSTAMPED
+
+    @property
+    def commit(self) -> str | None:
+        return (self.header.get("code") or {}).get("commit")
+
 
 def load_runs(runs_dir: Path) -> list[RunLog]:
+    """Every finished run under ``runs_dir``: each code version's folder, and the unstamped
+    runs made before runs recorded their code, at the top."""
     runs = []
-    for path in sorted(runs_dir.glob("*.jsonl")):
+    for path in sorted(runs_dir.rglob("*.jsonl")):
         lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
         if len(lines) < 2 or lines[-1].get("event") != FINAL:
             continue
@@ -80,12 +93,38 @@ def run_key(run: RunLog) -> RunKey:
 
 
 class RunIndex:
-    def __init__(self, runs: list[RunLog]) -> None:
-        self.runs = {run_key(r): r for r in runs}
+    """The runs of ONE code version, by key: the version with the most runs unless ``code``
+    names one (:func:`protocol.verdict_code`); the others are counted in ``left_out``."""
+
+    def __init__(self, runs: list[RunLog], code: str | None = None) -> None:
+        self.code = code or verdict_code(r.step_code for r in runs)
+        kept = [r for r in runs if r.step_code == self.code]
+        self.left_out = Counter(r.step_code for r in runs if r.step_code != self.code)
+        self.runs = {run_key(r): r for r in kept}
+        self.commits = sorted({r.commit for r in kept if r.commit})
+        self.dirty = sum(bool((r.header.get("code") or {}).get("dirty")) for r in kept)
 
     @classmethod
-    def load(cls, out_dir: Path) -> RunIndex:
-        return cls(load_runs(out_dir / "runs"))
+    def load(cls, out_dir: Path, code: str | None = None) -> RunIndex:
+        return cls(load_runs(out_dir / "runs"), code)
+
+    def provenance(self) -> str:
+        """One paragraph: which code version the tables are made of, and what was left out."""
+        if self.code == UNSTAMPED:
+            made = (f"**Every table here is made of {len(self.runs)} runs made before runs "
+                    "recorded their code**: they span several versions of the library, and "
+                    "SCAPE clipped nothing in them. The verdict at one code version is "
+                    "still to be run (`make quality-study`, plans in `conf/quality/plan/`).")  # fmt: skip
+        else:
+            commits = ", ".join(c[:10] for c in self.commits) or "no recorded commit"
+            dirty = f"; {self.dirty} from a tree with uncommitted changes" if self.dirty else ""
+            made = (f"Every table here is made of the {len(self.runs)} runs of code version "
+                    f"`{self.code}` (the library's step and the study's run code, torch and "
+                    f"megatron-core versions; commits {commits}{dirty}).")  # fmt: skip
+        if self.left_out:
+            other = ", ".join(f"{n} of `{c}`" for c, n in sorted(self.left_out.items()))
+            made += f" Left out: runs of other code versions ({other})."
+        return made
 
     def final(self, key: RunKey) -> float | None:
         run = self.runs.get(key)
@@ -102,13 +141,17 @@ class RunIndex:
             if (k.model, k.variant, k.steps, k.seed) == (model, variant, steps, seed)
         )
 
-    def best_lr(self, model: str, variant: str, steps: int, seed: int = 0) -> float | None:
-        """The lr scale with the lowest final loss at this horizon (seed ``seed``'s grid)."""
-        finals = {
-            lr: self.final(RunKey(model, variant, steps, lr, seed))
-            for lr in self.lrs(model, variant, steps, seed)
-        }
-        return min(finals, key=finals.get) if finals else None
+    def lr_choice(self, model: str, variant: str, steps: int) -> LrChoice | None:
+        """The protocol's lr for this cell: lowest mean final loss over all its seeds."""
+        finals: dict[float, dict[int, float]] = {}
+        for k in self.runs:
+            if (k.model, k.variant, k.steps) == (model, variant, steps):
+                finals.setdefault(k.lr_scale, {})[k.seed] = self.final(k)  # type: ignore[assignment]
+        return choose_lr(finals)
+
+    def best_lr(self, model: str, variant: str, steps: int) -> float | None:
+        choice = self.lr_choice(model, variant, steps)
+        return None if choice is None else choice.lr
 
     def seeds(self, model: str, variant: str, steps: int, lr: float) -> list[int]:
         return sorted(
@@ -152,18 +195,20 @@ class GapCell:
     lr: float | None
     gaps: list[float]
     loss: float | None  # mean final val loss over the seeds
+    closed: bool = False  # the lr grid has a point on each side of ``lr``
 
 
 def gap_cell(
     index: RunIndex, model: str, variant: str, steps: int, *, lr_from: int | None = None
 ) -> GapCell:
-    """A variant at its best lr (chosen on seed 0 at horizon ``lr_from``, default ``steps``),
-    against AdamS at its own best lr chosen the same way."""
+    """A variant at its lr (lowest mean final loss over the cell's seeds at horizon
+    ``lr_from``, default ``steps``), against AdamS at its own lr chosen the same way."""
     pick = lr_from or steps
-    lr = index.best_lr(model, variant, pick)
+    choice = index.lr_choice(model, variant, pick)
     ref_lr = index.best_lr(model, REFERENCE, pick)
-    if lr is None or ref_lr is None:
-        return GapCell(lr, [], None)
+    if choice is None or ref_lr is None:
+        return GapCell(None if choice is None else choice.lr, [], None)
+    lr = choice.lr
     if not index.seeds(model, variant, steps, lr):
         return GapCell(lr, [], None)
     gaps = index.paired_gaps(model, variant, steps, lr, ref_lr)
@@ -173,7 +218,7 @@ def gap_cell(
     ]
     finals = [f for f in finals if f is not None]
     loss = statistics.fmean(finals) if finals else None
-    return GapCell(lr, gaps, loss)
+    return GapCell(lr, gaps, loss, choice.closed)
 
 
 def gap_table(
@@ -201,7 +246,9 @@ def gap_table(
                 cells += [
                     _fmt_loss(cell.loss),
                     "0 (reference)" if variant == REFERENCE and cell.gaps else _fmt_gap(cell.gaps),
-                    "-" if cell.lr is None or cell.loss is None else f"{cell.lr:g}",
+                    "-"
+                    if cell.lr is None or cell.loss is None
+                    else f"{cell.lr:g}" + ("" if cell.closed else " (grid open)"),
                 ]
         if present:
             lines.append("| " + " | ".join(cells) + " |")
@@ -211,21 +258,28 @@ def gap_table(
 def lr_table(
     index: RunIndex, variants: list[str], labels: dict[str, str], models: list[str], steps: int
 ) -> str:
-    """Final loss (seed 0) at every lr scale that was run, per model, at one horizon."""
-    scales = sorted({k.lr_scale for k in index.runs if k.steps == steps and k.seed == 0})
-    head = ["variant", "model", *[f"lr x{s:g}" for s in scales], "best"]
+    """Mean final loss over the cell's seeds at every lr scale run on all of them, per model,
+    at one horizon; the chosen lr, and whether the grid is closed around it."""
+    scales = sorted({k.lr_scale for k in index.runs if k.steps == steps})
+    head = ["variant", "model", "seeds", *[f"lr x{s:g}" for s in scales], "chosen"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for variant in variants:
         for model in models:
-            lrs = index.lrs(model, variant, steps, 0)
-            if len(lrs) < 2:
+            choice = index.lr_choice(model, variant, steps)
+            if choice is None or len(choice.grid) < 2:
                 continue
-            vals = [index.final(RunKey(model, variant, steps, s, 0)) for s in scales]
-            best = index.best_lr(model, variant, steps)
+            vals = [
+                statistics.fmean(
+                    [index.final(RunKey(model, variant, steps, lr, s)) for s in choice.seeds]
+                )
+                if lr in choice.grid
+                else None
+                for lr in scales
+            ]
+            chosen = f"x{choice.lr:g}" + ("" if choice.closed else " (grid open)")
             label = labels.get(variant, variant).replace("|", "\\|")
-            lines.append(
-                "| " + " | ".join([label, model, *map(_fmt_loss, vals), f"x{best:g}"]) + " |"
-            )
+            row = [label, model, str(len(choice.seeds)), *map(_fmt_loss, vals), chosen]
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -377,7 +431,7 @@ def write_report(
     horizons = sorted({k.steps for k in keys})
     order = list(variants) + sorted({k.variant for k in keys} - set(variants))
     screen_h = [h for h in horizons if h in (300, 1500)] or horizons
-    text = ["# Reconstruction search: summary", "", notes, ""]
+    text = ["# Reconstruction search: summary", "", index.provenance(), "", notes, ""]
     if overview:
         text += [
             "## The readings (gap to dense AdamS in %, mean over seeds, (n) when n > 1)",
@@ -386,7 +440,8 @@ def write_report(
             "",
         ]
     text += [
-        "## Screening (seed 0, each method at its best lr of the grid at that horizon)",
+        "## Screening (each method at the lr of its lowest mean final loss over its seeds at "
+        "that horizon)",
         "",
         gap_table(index, order, labels, models, screen_h),
         "",
@@ -395,7 +450,7 @@ def write_report(
         table = lr_table(index, order, labels, models, steps)
         if table.count("\n") > 1:
             text += [
-                f"## Learning-rate grid at {steps} steps (seed 0, final val loss)",
+                f"## Learning-rate grid at {steps} steps (final val loss, mean over seeds)",
                 "",
                 table,
                 "",
@@ -403,14 +458,12 @@ def write_report(
     final = [v for v in finalists if any(k.variant == v and k.seed > 0 for k in keys)]
     if final:
         text += [
-            "## Finalists (every seed; lr chosen on seed 0 at 1,500 steps)",
+            "## Finalists (every seed; each lr chosen over every seed at the horizon shown)",
             "",
-            gap_table(index, [REFERENCE, *final], labels, models, horizons, lr_from=1500),
+            gap_table(index, [REFERENCE, *final], labels, models, horizons),
             "",
         ]
-        plot_gap_vs_steps(
-            index, final, labels, models, horizons, out_dir / "gap_vs_steps.png", lr_from=1500
-        )
+        plot_gap_vs_steps(index, final, labels, models, horizons, out_dir / "gap_vs_steps.png")
     stale = staleness_table(index, labels)
     if stale:
         text += ["## Stale replicas (R3)", "", stale, ""]
@@ -456,8 +509,8 @@ def write_runs_csv(index: RunIndex, path: Path) -> None:
 def plot_curves(
     index: RunIndex, variants: list[str], labels: dict[str, str], model: str, steps: int, path: Path
 ) -> None:
-    """Validation loss against steps at one horizon, each variant at its best lr (chosen on
-    seed 0 at 1,500 steps when run there, else at this horizon), mean and min-max over seeds."""
+    """Validation loss against steps at one horizon, each variant at the lr chosen over its
+    seeds at that horizon, mean and min-max over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -466,7 +519,7 @@ def plot_curves(
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     drawn = 0
     for variant in variants:
-        lr = index.best_lr(model, variant, 1500) or index.best_lr(model, variant, steps)
+        lr = index.best_lr(model, variant, steps)
         if lr is None:
             continue
         runs = [

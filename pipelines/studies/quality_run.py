@@ -8,7 +8,12 @@ project's training engine) in a one-rank gloo group with TP = PP = 1.
 Resuming is per run: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
 ``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
 skipped, an unfinished one starts again from step 0 (runs here take a minute or two, and a
-restart from scratch cannot mix two code versions in one curve).
+restart from scratch cannot mix two code versions in one curve). The study keeps each code
+version's runs in a folder of its own (``runs/<step code>/``, :mod:`.protocol`), and the
+header records the commit: a run is skipped only when the same code made it.
+
+A record is written every :data:`LOG_EVERY` steps and at every validation point (the
+divergence rule still sees every step): the committed logs stay small.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
 ]
 
 FINAL = "final"  # event of a run's last line
+LOG_EVERY = 10  # steps between training-loss records
 # what a reading with stale replicas (R3) reports in its final line: the oldest entry a
 # replica held, in steps, and how far the replicas ended from the owners' values
 STALENESS_KEYS = ("max_staleness", "replica_gap")
@@ -148,8 +154,10 @@ def train_run(
     val_batches: list[Batch],
     final_val_batches: list[Batch],
     out_dir: Path,
+    code: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train one run, writing its JSONL; return the final record.
+    """Train one run, writing its JSONL; return the final record. ``code``: the
+    :func:`~pipelines.studies.protocol.code_version` the header records.
 
     ``val_batches`` (a fixed subset, cheap) give the curve every ``eval_interval`` steps;
     ``final_val_batches`` (the whole validation split) give the final validation loss.
@@ -205,6 +213,7 @@ def train_run(
                 "steps": scale.steps,
                 "lr_scale": spec.lr_scale,
                 "params": n_params,
+                "code": code,
                 "settings": {
                     "model": vars(spec.model),
                     "variant": vars(spec.variant),
@@ -235,7 +244,8 @@ def train_run(
                 last_val = evaluate(model, val_batches)
                 record["val_loss"] = last_val
                 diverged = diverged or not math.isfinite(last_val)
-            write(record)
+            if last or "val_loss" in record or result.step % LOG_EVERY == 0:
+                write(record)
             if diverged:
                 break  # nothing more to learn from a diverged run; it is counted as such
         final_val = evaluate(model, final_val_batches)

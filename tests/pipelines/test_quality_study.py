@@ -71,7 +71,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
 ):
     out = tmp_path / "out"
     _quick(prepared_small, out)
-    runs = out / "runs"
+    (runs,) = (out / "runs").iterdir()  # one folder: this code version's runs
     names = sorted(p.name for p in runs.iterdir())
     assert names == [f"llama__{v}__s0__t12.jsonl" for v in ("adams", "r0ef_99")]
     for name in ("summary.md", "runs.csv", "loss_llama_t12.png"):
@@ -80,7 +80,10 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
     header, steps, final = recs[0], recs[1:-1], recs[-1]
     assert header["variant"] == "r0ef_99" and header["params"] > 0
     assert header["steps"] == 12 and header["lr_scale"] == 1.0
-    assert [s["step"] for s in steps] == list(range(1, 13))
+    # stamped with the code that ran it; its folder is named by that code version
+    assert header["code"]["step_code"] == runs.name and len(header["code"]["commit"]) == 40
+    # a record every LOG_EVERY (10) steps, at every validation point and at the end
+    assert [s["step"] for s in steps] == [5, 10, 12]
     assert [s["step"] for s in steps if "val_loss" in s] == [5, 10, 12]
     for key in ("tokens", "loss", "lr", "grad_norm", "bytes"):
         assert all(key in s for s in steps), key

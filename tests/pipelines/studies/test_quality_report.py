@@ -16,8 +16,10 @@ from pipelines.studies.quality_report import (
 from pipelines.studies.reading_costs import reading_cost
 
 
-def _log(variant: str, val: float, seed: int, *, steps=100, lr=1.0, diverged=False):
+def _log(variant: str, val: float, seed: int, *, steps=100, lr=1.0, diverged=False, code=None):
     header = {"model": "m", "variant": variant, "seed": seed, "steps": steps, "lr_scale": lr}
+    if code is not None:
+        header["code"] = {"commit": f"c-{code}", "dirty": False, "step_code": code}
     steps_ = [{"step": 1, "tokens": 8, "loss": val, "bytes": 1.0, "val_loss": val}]
     return RunLog(header, steps_, {"event": "final", "final_val_loss": val, "diverged": diverged})
 
@@ -34,8 +36,43 @@ def test_each_method_at_its_own_best_lr_paired_by_seed() -> None:
     assert cell.gaps == pytest.approx([100 * 0.3 / 3.8, 100 * 0.4 / 3.9])
     assert cell.loss == pytest.approx(4.2)
     assert gap_cell(index, "m", "y", 100).gaps == [float("inf")]  # diverged: never "best"
-    table = lr_table(index, ["adams", "x"], {}, ["m"], 100)
-    assert "| adams | m | 3.800 | 4.000 | - | x0.5 |" in table
+
+
+def test_lr_is_chosen_by_the_mean_over_every_seed_and_an_edge_choice_is_an_open_grid() -> None:
+    """Seed 0 alone would pick x1; the mean over seeds picks x0.5, an interior point. A
+    point that diverges on one seed is never chosen; a point not run on every seed is not
+    eligible."""
+    runs = [_log("adams", v, s, lr=lr)
+            for lr, vals in {0.25: (4.3, 4.3, 4.3), 0.5: (4.1, 4.0, 4.0),
+                             1.0: (4.0, 4.5, 4.4), 2.0: (3.0, 3.0, 3.0)}.items()
+            for s, v in enumerate(vals)]  # fmt: skip
+    runs[-1] = _log("adams", 3.0, 2, lr=2.0, diverged=True)
+    runs.append(_log("adams", 1.0, 0, lr=4.0))  # seed 0 only: not eligible
+    index = RunIndex(runs)
+    choice = index.lr_choice("m", "adams", 100)
+    assert (choice.lr, choice.closed, choice.seeds) == (0.5, True, (0, 1, 2))
+    assert choice.mean_loss == pytest.approx(4.1 / 3 + 8.0 / 3)
+    table = lr_table(index, ["adams"], {}, ["m"], 100)
+    assert "| adams | m | 3 | 4.300 | 4.033 | 4.300 | diverged | - | x0.5 |" in table
+    edge = RunIndex([_log("x", 4.0 - lr, s, lr=lr) for lr in (0.5, 1.0) for s in (0, 1)])
+    assert edge.lr_choice("m", "x", 100).closed is False
+    assert "x1 (grid open)" in lr_table(edge, ["x"], {}, ["m"], 100)
+
+
+def test_tables_use_one_code_version_and_say_which() -> None:
+    """Runs of two code versions never share a cell: the version with most runs is used,
+    the other counted as left out; stamped runs win over unstamped ones."""
+    runs = [_log("adams", 4.0, 0, code="aaa"), _log("adams", 3.0, 1, code="aaa"),
+            _log("adams", 9.0, 0, code="bbb"), _log("adams", 1.0, 0), _log("adams", 1.0, 1),
+            _log("adams", 1.0, 2)]  # fmt: skip
+    index = RunIndex(runs)
+    assert index.code == "aaa" and len(index.runs) == 2 and index.commits == ["c-aaa"]
+    assert index.left_out == {"bbb": 1, "unstamped": 3}
+    text = index.provenance()
+    assert "`aaa`" in text and "c-aaa" in text and "1 of `bbb`" in text
+    assert RunIndex(runs, code="bbb").final(next(iter(RunIndex(runs, code="bbb").runs))) == 9.0
+    legacy = RunIndex([_log("adams", 1.0, 0)])
+    assert legacy.code == "unstamped" and "before runs recorded their code" in legacy.provenance()
 
 
 def test_costs_at_the_paper_shape() -> None:

@@ -1,0 +1,116 @@
+"""The verdict's protocol, as code: which code a run ran, which lr a method is compared at,
+and whether its lr grid is closed.
+
+- Every run records the commit it ran, whether the tree had uncommitted changes, and a
+  digest of the source that computes its numbers (:func:`code_version`). A table is made
+  from the runs of one such code version only (:func:`verdict_code`), so a change to the
+  step's arithmetic never sits in one cell beside the old numbers, while a change elsewhere
+  (a report, a doc) forces no re-run; the report names every commit it drew on.
+- A method's lr is the grid point with the lowest *mean* final loss over every seed of the
+  cell, at the horizon the table reports (:func:`choose_lr`): a point one seed favours by
+  luck, or one that diverges on another seed, is not chosen.
+- A grid is closed when the chosen point has a run grid point on either side of it; a cell
+  whose best point sits at the edge says "grid open", since a better lr may lie beyond.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["UNSTAMPED", "LrChoice", "choose_lr", "code_version", "step_code", "verdict_code"]
+
+UNSTAMPED = "unstamped"  # runs made before runs recorded their commit
+
+
+# The source that computes a run's numbers: a change here may change them, a change
+# anywhere else (the report, the docs, the stages) cannot. Conservative: a rename in these
+# files also starts a new code version.
+STEP_SOURCES = ("scape", "pipelines/studies/quality_run.py", "pipelines/studies/quality_data.py",
+                "pipelines/studies/readings.py", "pipelines/studies/quality_config.py")  # fmt: skip
+
+
+def step_code(repo: Path | str = ".") -> str:
+    """A 12-hex digest of :data:`STEP_SOURCES` (every ``.py`` under them, by path and
+    content) and the torch and megatron-core versions: two runs with the same digest ran the
+    same arithmetic, whatever commits they were made at, so their runs may share a table.
+    (The same computation; on another host the bits may still differ in the last places.)"""
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(repo)
+    h = hashlib.sha256()
+    for source in STEP_SOURCES:
+        path = root / source
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] * path.is_file()
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for package in ("torch", "megatron-core"):
+        try:
+            h.update(f"{package}=={version(package)}".encode())
+        except PackageNotFoundError:
+            h.update(f"{package} missing".encode())
+    return h.hexdigest()[:12]
+
+
+def code_version(repo: Path | str = ".") -> dict[str, object]:
+    """``{"commit": <sha> or None, "dirty": bool, "step_code": <digest>}`` of ``repo``.
+
+    ``dirty`` counts tracked files only (an untracked output folder changes no code);
+    ``commit`` is None outside a git checkout. ``step_code``: :func:`step_code`."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                                 check=True, timeout=30)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit or None, "dirty": bool(status), "step_code": step_code(repo)}
+
+
+def verdict_code(codes: Iterable[str]) -> str | None:
+    """The code version whose runs the tables are made of: the one with the most runs (ties:
+    the one listed first). ``codes`` is each run's step code, :data:`UNSTAMPED` for runs
+    without one; stamped runs win over unstamped ones whatever their count."""
+    counts = Counter(codes)
+    stamped = {c: n for c, n in counts.items() if c != UNSTAMPED}
+    pool = stamped or dict(counts)
+    return max(pool, key=pool.get) if pool else None
+
+
+@dataclass(frozen=True)
+class LrChoice:
+    lr: float
+    mean_loss: float  # over the cell's seeds; inf when a seed diverged
+    seeds: tuple[int, ...]
+    closed: bool  # a run grid point on each side of ``lr``
+    grid: tuple[float, ...]  # the points eligible (run on every seed)
+
+
+def choose_lr(finals: Mapping[float, Mapping[int, float]]) -> LrChoice | None:
+    """The lr with the lowest mean final loss over the cell's seeds.
+
+    ``finals[lr][seed]`` is a run's final validation loss (``math.inf`` when it diverged).
+    The cell's seeds are every seed run at any of its lrs; only lrs run on all of them are
+    eligible, so every candidate is averaged over the same seeds. None when no lr is."""
+    seeds = sorted({s for per_seed in finals.values() for s in per_seed})
+    grid = tuple(sorted(lr for lr, per_seed in finals.items() if set(per_seed) >= set(seeds)))
+    if not grid:
+        return None
+    means = {lr: _mean([finals[lr][s] for s in seeds]) for lr in grid}
+    lr = min(grid, key=lambda x: (means[x], x))
+    closed = grid[0] < lr < grid[-1]
+    return LrChoice(lr, means[lr], tuple(seeds), closed, grid)
+
+
+def _mean(values: list[float]) -> float:
+    return math.inf if any(not math.isfinite(v) for v in values) else statistics.fmean(values)

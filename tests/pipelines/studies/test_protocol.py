@@ -1,0 +1,57 @@
+"""The verdict's protocol: code stamps, the lr chosen over seeds, the code version a table
+is made of."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+from pipelines.studies.protocol import UNSTAMPED, choose_lr, code_version, step_code, verdict_code
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                   check=True, capture_output=True)  # fmt: skip
+
+
+def test_code_version_records_the_commit_dirtiness_and_the_step_sources(tmp_path: Path) -> None:
+    (tmp_path / "scape").mkdir()
+    (tmp_path / "scape" / "shard.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("docs\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "one")
+    first = code_version(tmp_path)
+    assert len(first["commit"]) == 40 and first["dirty"] is False
+    # A doc change: a new commit, the same step code (no re-run needed).
+    (tmp_path / "README.md").write_text("more docs\n")
+    assert code_version(tmp_path)["dirty"] is True
+    _git(tmp_path, "commit", "-qam", "docs")
+    second = code_version(tmp_path)
+    assert second["commit"] != first["commit"] and second["step_code"] == first["step_code"]
+    # A change to the step's source: a new code version.
+    (tmp_path / "scape" / "shard.py").write_text("x = 2\n")
+    assert step_code(tmp_path) != first["step_code"]
+    assert code_version(tmp_path / "scape" / "..")["dirty"] is True
+
+
+def test_code_version_outside_git_has_no_commit(tmp_path: Path) -> None:
+    assert code_version(tmp_path)["commit"] is None
+
+
+def test_choose_lr_over_seeds_and_grid_closure() -> None:
+    finals = {0.5: {0: 4.1, 1: 4.0}, 1.0: {0: 4.0, 1: 4.4}, 2.0: {0: 4.6, 1: 4.5}}
+    choice = choose_lr(finals)
+    assert choice.lr == 0.5 and not choice.closed  # best mean at the low edge: open
+    finals[0.25] = {0: 4.3, 1: 4.2}
+    assert choose_lr(finals).closed and choose_lr(finals).lr == 0.5
+    finals[0.5][1] = math.inf  # diverged on one seed: its mean is inf
+    assert choose_lr(finals).lr == 1.0
+    assert choose_lr({}) is None
+
+
+def test_verdict_code_prefers_stamped_runs_with_the_most_runs() -> None:
+    assert verdict_code(["a", "b", "b", UNSTAMPED, UNSTAMPED, UNSTAMPED]) == "b"
+    assert verdict_code([UNSTAMPED]) == UNSTAMPED
+    assert verdict_code([]) is None
