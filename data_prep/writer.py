@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from data_prep.config import SPLIT_NAMES
+from data_prep.progress import Progress
 from data_prep.tokenizers import TextTokenizer
 
 _CHUNK_DOCS = 16  # documents per task: big enough to hide the IPC cost, small enough to balance
@@ -83,7 +84,6 @@ def write_splits(
 ) -> WriteReport:
     """Write `<out_dir>/{train,validation,test}.{bin,idx}`; `split_of` yields 0/1/2 per document."""
     indexed_dataset = import_megatron_indexed_dataset()
-    from tqdm import tqdm
 
     dtype = indexed_dataset.DType.optimal_dtype(tokenizer.vocab_size)
     builders = {
@@ -92,7 +92,7 @@ def write_splits(
     }
     report = WriteReport(splits={name: SplitCounts() for name in SPLIT_NAMES}, dtype=dtype.__name__)
     report.num_proc = num_proc = num_proc or os.cpu_count() or 1
-    bar = tqdm(total=expected_documents, unit="doc", disable=not progress, mininterval=0.5)
+    bar = Progress(expected_documents, "prepare", unit="doc", enabled=progress)
     start = time.perf_counter()
     try:
         for texts, (ids, lengths, seconds) in _encode_in_order(documents, tokenizer, num_proc):

@@ -15,9 +15,11 @@ lm-eval indexes all of its bundled task configs on start-up (15-60 s of CPU).
 from __future__ import annotations
 
 import eval.lm  # noqa: F401  (registers the `scape` model)
+from data_prep.progress import quiet_bars_without_terminal
 
 
 def main() -> None:
+    quiet_bars_without_terminal()
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()

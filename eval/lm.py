@@ -31,8 +31,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
-from tqdm import tqdm
 
+from data_prep.progress import Progress, quiet_bars_without_terminal
 from data_prep.tokenizers import TextTokenizer
 from eval.export import ExportMeta, load_exported, resolve_device
 from eval.scoring import greedy_generate, score_continuations
@@ -74,6 +74,9 @@ class ScapeLM(TemplateLM):
         self.batch_size = _parse_batch_size(batch_size, max_batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.progress = progress
+        # lm-eval's own bars (e.g. "Tokenizing inputs") pass disable= explicitly; without a
+        # terminal they would fill a log with carriage-return frames
+        quiet_bars_without_terminal()
 
     # lm-eval calls cls(**model_args, **cli_options); its CLI always passes --device (default
     # cuda:0) and --batch_size, so a key also given in model_args would be a TypeError.
@@ -139,8 +142,8 @@ class ScapeLM(TemplateLM):
         # happens on the first batch rather than after an hour
         order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i][0]) - len(pieces[i][1]))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(pieces)
-        bar = tqdm(
-            total=len(pieces), desc="loglikelihood", disable=disable_tqdm or not self.progress
+        bar = Progress(
+            len(pieces), "loglikelihood", unit="request", enabled=self.progress and not disable_tqdm
         )
         for first in range(0, len(order), self.batch_size):
             batch = order[first : first + self.batch_size]
@@ -181,7 +184,10 @@ class ScapeLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         outputs = []
-        for req in tqdm(requests, desc="generate", disable=disable_tqdm or not self.progress):
+        bar = Progress(
+            len(requests), "generate", unit="request", enabled=self.progress and not disable_tqdm
+        )
+        for req in requests:
             context, gen_kwargs = req.args
             kwargs = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
             if kwargs.get("do_sample"):
@@ -199,6 +205,8 @@ class ScapeLM(TemplateLM):
             )
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             outputs.append(text)
+            bar.update()
+        bar.close()
         return outputs
 
 

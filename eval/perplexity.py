@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from data_prep.dataset import PreparedData
+from data_prep.progress import Progress
 from eval.errors import EvalError
 from eval.splits import SplitReader
 from scape.megatron.train import causal_mask, position_ids
@@ -74,16 +74,18 @@ def split_perplexity(
     device = next(model.parameters()).device
     mask = causal_mask(seq_length, device)
     total, count = 0.0, 0
-    for first in tqdm(
-        range(0, len(starts), batch_size), desc=f"{split} perplexity", disable=not progress
-    ):
-        rows = [reader.tokens[s : s + seq_length + 1] for s in starts[first : first + batch_size]]
-        batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
-        b = batch.shape[0]
-        losses = model(
-            batch[:, :-1], position_ids(b, seq_length, device), mask, labels=batch[:, 1:]
-        )
-        total += float(losses.double().sum())
-        count += losses.numel()
+    with Progress(len(starts), f"{split} perplexity", unit="window", enabled=progress) as bar:
+        for first in range(0, len(starts), batch_size):
+            rows = [
+                reader.tokens[s : s + seq_length + 1] for s in starts[first : first + batch_size]
+            ]
+            batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
+            b = batch.shape[0]
+            losses = model(
+                batch[:, :-1], position_ids(b, seq_length, device), mask, labels=batch[:, 1:]
+            )
+            total += float(losses.double().sum())
+            count += losses.numel()
+            bar.update(b, loss=total / count)
     loss = total / count
     return PerplexityResult(split, loss, math.exp(loss), count, len(starts), seq_length)

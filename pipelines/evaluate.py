@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data_prep.dataset import load_prepared
 from data_prep.errors import DataPrepError
+from data_prep.progress import quiet_bars_without_terminal
 from eval.build_tasks import BuildConfig, ensure_tasks
 from eval.config import EvaluateConfig, model_dir, output_path, validate
 from eval.errors import EvalError
@@ -148,6 +149,7 @@ def table(document: dict[str, Any]) -> str:
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_bars_without_terminal()
     from hydra.core.hydra_config import HydraConfig
 
     overrides = " ".join(HydraConfig.get().overrides.task)

@@ -44,6 +44,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.config import SourceKind, TokenizerKind
+from data_prep.progress import quiet_bars_without_terminal
 from eval.harness import LOCAL_TASKS
 from eval.offline import STANDARD_TASKS
 from pipelines.reproduce import PAPER_EXPERIMENTS
@@ -388,6 +389,7 @@ _register()
 
 @hydra.main(config_path="../conf", config_name="prefetch", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_bars_without_terminal()
     typed: PrefetchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     try:
         home = resolve_hf_home(typed, must_exist_vars=not typed.dry_run)

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from data_prep.config import PrepareConfig
 from data_prep.errors import DataPrepError
 from data_prep.prepare import PrepareResult, prepare
+from data_prep.progress import quiet_bars_without_terminal
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("data", "tokenizer")
@@ -58,6 +59,7 @@ def unknown_group_choice(overrides: list[str]) -> str | None:
 
 @hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_bars_without_terminal()
     from hydra.core.hydra_config import HydraConfig
 
     overrides = " ".join(HydraConfig.get().overrides.task)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.errors import DataPrepError
+from data_prep.progress import Progress, quiet_bars_without_terminal
 from pipelines.training.config import ConfigError, PretrainConfig, register_configs, validate
 from pipelines.training.runs import claim_run_dir, run_dir_of
 from pipelines.training.tracking import METRICS_FILE, read_metrics
@@ -54,37 +55,26 @@ def _check_data(cfg: PretrainConfig) -> None:
 
 
 class _Progress:
-    """Draws rank 0's progress from metrics.jsonl while the ranks run (their output goes to logs/)."""
+    """Shows rank 0's progress from metrics.jsonl while the ranks run (their output goes to
+    logs/): a bar on a terminal, a plain line every 30 s otherwise (data_prep.progress)."""
 
     def __init__(self, path: Path, total: int, enabled: bool, label: str) -> None:
-        self.path, self.total, self.seen = path, total, 0
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
+        self.path = path
+        self.progress = Progress(total, label, unit="step", enabled=enabled)
 
     def __call__(self) -> None:
-        if self.bar is None:
+        if not self.progress.enabled:
             return
         records = read_metrics(self.path)
         if not records:
             return
         last = records[-1]
-        step = int(last["step"])
-        if step > self.seen:
-            self.bar.update(step - self.seen if self.seen else step)
-            self.seen = step
-            post = {"loss": f"{last['loss']:.3f}"}
-            val = next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None)
-            if val is not None:
-                post["val"] = f"{val:.3f}"
-            self.bar.set_postfix(post)
+        val = next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None)
+        self.progress.advance_to(int(last["step"]), loss=last["loss"], val=val)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self()
-            self.bar.close()
+        self()
+        self.progress.close()
 
 
 def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
@@ -134,6 +124,7 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_bars_without_terminal()
     try:
         result = run(cfg)
     except (ConfigError, DataPrepError) as err:

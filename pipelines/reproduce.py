@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from data_prep.errors import DataPrepError
+from data_prep.progress import quiet_bars_without_terminal
 from eval.errors import EvalError
 from pipelines.training.config import ConfigError, compose
 
@@ -159,6 +160,7 @@ def reproduce(
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_bars_without_terminal()
     parser = argparse.ArgumentParser(
         description="Reproduce the paper's tables (tiny here, or paper scale on Slurm)."
     )

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from data_prep.progress import Progress
 from pipelines.training.checkpoint import (
     find_latest_valid,
     load_rank_files,
@@ -196,6 +198,17 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         steps=t.train_steps,
         cache_dir=run / "dataset_cache",
     )
+    # Rank 0's plain progress lines: the Slurm job's log (a local run's launcher draws the
+    # bar from metrics.jsonl; there these lines go to logs/rank0.log)
+    progress = Progress(
+        t.train_steps,
+        run.name,
+        unit="step",
+        enabled=rank == 0 and cfg.progress,
+        stream=sys.stdout,
+        initial=start_step,
+        bar=False,
+    )
     preemption = _Preemption()
     tokens_per_step = t.global_batch_size * cfg.model.seq_length
     val_loss = None
@@ -229,10 +242,12 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         if step % t.consistency_check_interval == 0:
             training.check_consistency(step)
         logger.log(record)
+        progress.advance_to(step, loss=loss, val=val_loss)
         stop = _any(preemption.requested)
         if step % t.checkpoint_interval == 0 or step == t.train_steps or stop:
             _save(training, scheduler, step, run, cfg)
         if stop:
+            progress.close()
             logger.warn(f"preemption requested: checkpointed at step {step}, exiting for requeue")
             logger.finish()
             preemption.hand_back()  # inside submitit: requeue now that the checkpoint exists
@@ -247,6 +262,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         "finished_at": time.time(),
         "config": asdict(cfg),
     }
+    progress.close()
     training.sync_params()  # collective: every rank, before rank 0 reads the params
     if rank == 0:
         training.export(run / "export", step)

@@ -20,12 +20,13 @@ from pipelines.training.tracking import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _command(optimizer: str, output_root: Path) -> list[str]:
+def _command(optimizer: str, output_root: Path, progress: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "pipelines.pretrain", f"optimizer={optimizer}",
         "train.train_steps=8", "train.checkpoint_interval=4", "train.eval_interval=4",
         "train.warmup_steps=2", "train.consistency_check_interval=2",
-        "model.num_layers=2", "wandb.mode=disabled", "progress=false", f"output_root={output_root}",
+        "model.num_layers=2", "wandb.mode=disabled", f"progress={str(progress).lower()}",
+        f"output_root={output_root}",
     ]  # fmt: skip
 
 
@@ -39,11 +40,26 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(
 ):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
-    subprocess.run(
-        _command(optimizer, straight), cwd=REPO, env=env, check=True, capture_output=True
-    )
+    # With its output in a file, as in a Slurm job or `make reproduce-table > log`: progress
+    # must be plain lines, not a bar's carriage-return frames (every line, at interval 0).
+    log = tmp_path / "straight.log"
+    with log.open("w") as out:
+        subprocess.run(
+            _command(optimizer, straight, progress=True),
+            cwd=REPO,
+            env={**env, "SCAPE_PROGRESS_EVERY_S": "0"},
+            check=True,
+            stdout=out,
+            stderr=out,
+        )
     reference = read_metrics(_run_dir(straight, label) / "metrics.jsonl")
     assert [r["step"] for r in reference] == list(range(1, 9))
+    text = log.read_text()
+    assert text.count("\r") == 0, "progress frames in a redirected log"
+    run_name = _run_dir(straight, label).name
+    assert f"{run_name}: 8/8 step (100%), loss=" in text, text[-2000:]
+    rank0 = (_run_dir(straight, label) / "logs" / "rank0.log").read_text()
+    assert f"{run_name}: 8/8 step (100%), loss=" in rank0  # what a Slurm job's log shows
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
