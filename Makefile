@@ -131,5 +131,53 @@ peers-study: $(STAMP)
 	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false
 	$(PY) -m pipelines.peers_study $(if $(QUICK),quick=true output_root=outputs/peers_quick/runs out_dir=outputs/peers_quick) $(ARGS)
 
+# Issue 28: the adapter on today's megatron-core (0.19.2: what environment.yml pins for
+# clusters), beside the 0.16.1 of .venv. A second venv, .venv-mcore019, from the same lock
+# with megatron-core swapped. megatron-core 0.17 and newer publish only CPython 3.12 wheels,
+# and this machine has 3.11: the 0.19.2 wheel (sha256-pinned in requirements/mcore-latest.txt)
+# is unpacked into the 3.11 venv, with triton (0.19 imports it with megatron.core), and its
+# one compiled module, the dataset helpers (built for 3.12), is rebuilt for 3.11 from the C++
+# source the wheel ships (pybind11, g++). Its Python code then runs unchanged: this exercises
+# every Megatron API the adapter touches, on the same torch, though not the cluster user's
+# interpreter (scripts/gpu_check.sh runs it on 3.12). Runs every Megatron test (tests/megatron:
+# dense AdamW/AdamS, SCAPE at 2 and 4 ranks, the simulator bit-identity, checkpoint/resume in
+# fresh processes, the fused exchange, the CPU layer's scope) and the pretrain stage's
+# SIGKILL-and-resume run through Megatron (~5 min after a ~5 min first build).
+MCORE_VENV   := .venv-mcore019
+MCORE_PY     := $(MCORE_VENV)/bin/python
+MCORE_STAMP  := $(MCORE_VENV)/.installed
+MCORE_EXTRA  := triton==3.6.0 pybind11==3.1.0
+MCORE_TESTS  := tests/megatron tests/pipelines/test_pretrain.py
+.PHONY: test-mcore-latest gpu-wheels
+
+$(MCORE_STAMP): $(REQS) requirements/mcore-latest.txt
+	@echo ">> creating $(MCORE_VENV): the pinned lock with megatron-core 0.19.2 (first run only, ~5 min)"
+	$(PYTHON) -m venv $(MCORE_VENV)
+	$(MCORE_PY) -m pip install --quiet --upgrade pip
+	grep -v '^megatron-core' requirements/cpu.txt > $(MCORE_VENV)/cpu.txt
+	grep -v '^megatron-core' requirements/cpu-lock.txt > $(MCORE_VENV)/cpu-lock.txt
+	$(MCORE_PY) -m pip install --quiet -r $(MCORE_VENV)/cpu.txt $(MCORE_EXTRA) -c $(MCORE_VENV)/cpu-lock.txt
+	$(MCORE_PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		-r requirements/mcore-latest.txt -d $(MCORE_VENV)/wheels
+	$(MCORE_PY) -c "import glob, sysconfig, zipfile; \
+		zipfile.ZipFile(*glob.glob('$(MCORE_VENV)/wheels/megatron_core-*.whl')).extractall(sysconfig.get_paths()['purelib'])"
+	cd "$$($(MCORE_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/megatron/core/datasets" && \
+		g++ -O3 -Wall -shared -std=c++17 -fPIC $$($(CURDIR)/$(MCORE_PY) -m pybind11 --includes) helpers.cpp \
+		-o helpers_cpp$$($(CURDIR)/$(MCORE_PY) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+	$(MCORE_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(MCORE_STAMP)
+
+test-mcore-latest: $(STAMP) $(MCORE_STAMP)
+	$(MCORE_PY) -c "import megatron.core; print('>> megatron-core', megatron.core.__version__)"
+	$(MCORE_PY) -m pytest -q $(MCORE_TESTS)
+
+# For the GPU check on a machine without network: fetch the hash-pinned megatron-core wheel
+# for CPython 3.12 into vendor/wheels/ (gitignored), where scripts/gpu_check.sh installs it
+# from (pip checks the hash again). ARCH=aarch64 for TACC Vista's Grace nodes.
+ARCH ?= x86_64
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux_2_28_$(ARCH) -r requirements/mcore-latest.txt -d vendor/wheels
+
 clean-venv:
 	rm -rf $(VENV)

@@ -1,4 +1,5 @@
-"""environment.yml (clusters) is valid YAML and names the same packages as requirements/cpu.txt."""
+"""environment.yml (clusters) is valid YAML, names the same packages as requirements/cpu.txt and
+pins the megatron-core that make test-mcore-latest tests."""
 
 import re
 from pathlib import Path
@@ -27,3 +28,25 @@ def test_environment_has_the_cpu_requirements_package_set():
     want = _names((ROOT / "requirements" / "cpu.txt").read_text().splitlines())
     missing = {w for w in want if w not in have and CONDA_FOR.get(w) not in have}
     assert not missing, f"environment.yml lacks {sorted(missing)}"
+
+
+def _pin(lines, package: str) -> str | None:
+    for line in lines:
+        match = re.match(rf"\s*{re.escape(package)}==([^\s\\;#]+)", line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def test_environment_pins_the_megatron_core_tested_beside_the_cpu_pin():
+    """The cluster installs exactly the megatron-core of requirements/mcore-latest.txt (the
+    second tested version), and it is not the CPU machine's 0.16.1."""
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    latest = (ROOT / "requirements" / "mcore-latest.txt").read_text().splitlines()
+    cpu = (ROOT / "requirements" / "cpu.txt").read_text().splitlines()
+    tested = _pin(latest, "megatron-core")
+    assert tested is not None, "requirements/mcore-latest.txt pins no megatron-core"
+    assert _pin(pip, "megatron-core") == tested
+    assert _pin(cpu, "megatron-core") not in (None, tested)
+    assert any("--hash=sha256:" in line for line in latest), "the wheel must be hash-pinned"

@@ -14,9 +14,14 @@ scheduling, hooks and overlap unchanged:
   buffer, so the replicas stay identical without a parameter all-gather.
 
 Megatron's DDP builds plain ``_ParamAndGradBucketGroup`` objects inside its constructor
-(``partition_buckets``), with no hook to choose the class; :func:`promote_bucket_groups`
-re-classes those very objects (DDP's param-to-group map and Megatron's pre-hooks keep pointing
-at them) to this subclass, which adds behaviour and one attribute, not layout.
+(``partition_buckets``), with no hook to choose the class, and then links them to each other
+and to its params (``param_to_bucket_group``, ``next_param_gather_bucket_group``, in 0.19 also
+``previous_grad_reduce_bucket_group``; the set grows between releases). So rather than build
+new groups and re-link every reference a release keeps, :func:`promote_bucket_groups`
+re-classes those very objects to this subclass, before the first step: it overrides two
+methods and adds one attribute, and does not define ``__init__`` or change the layout, so
+whatever a release's constructor sets up stays as it set it up. (The optimizer, which
+Megatron's factory builds by a name we can point at our class, is constructed as SCAPE's.)
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketG
 
 from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.state import ScapeState, WaitAll
+from scape.megatron.versions import refuse_unsupported_ddp_options, wait_for_graph_replayed_grads
 
 __all__ = ["ScapeBucketGroup", "promote_bucket_groups"]
 
@@ -40,6 +46,7 @@ class ScapeBucketGroup(_ParamAndGradBucketGroup):
             return  # already dispatched this (first) batch, as in Megatron
         assert self.grad_reduce_handle is None, "one grad sync in flight per bucket group"
         async_op = self.ddp_config.overlap_grad_reduce
+        wait_for_graph_replayed_grads(self.params)
         with outside_megatron():
             works = [
                 self.scape.start_grad_exchange(b.bucket_id, b.grad_data, async_op=async_op)
@@ -58,11 +65,8 @@ def promote_bucket_groups(ddp, state: ScapeState) -> None:
     cfg = ddp.ddp_config
     if not cfg.use_distributed_optimizer or cfg.num_distributed_optimizer_instances != 1:
         raise ValueError("SCAPE needs Megatron's distributed optimizer with one instance")
-    # Features whose pre/post-collective steps the overrides below do not perform (getattr:
-    # some exist only in newer megatron-core releases).
-    for flag in ("reduce_scatter_with_fp32_accumulation", "reuse_grad_buf_for_mxfp8_param_ag"):
-        if getattr(cfg, flag, False):
-            raise ValueError(f"SCAPE does not support DistributedDataParallelConfig.{flag}")
+    # Features whose pre/post-collective steps the overrides below do not perform.
+    refuse_unsupported_ddp_options(cfg)
     for buffer in ddp.buffers:
         if buffer.param_dtype == torch.uint8:
             raise ValueError("SCAPE does not support fp8 params")
@@ -72,5 +76,7 @@ def promote_bucket_groups(ddp, state: ScapeState) -> None:
     for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
         if type(group) is not _ParamAndGradBucketGroup and not isinstance(group, ScapeBucketGroup):
             raise TypeError(f"unexpected bucket-group class {type(group).__name__}")
+        if group.grad_reduce_handle is not None or group.golden_per_param_grad_ready_counts:
+            raise RuntimeError("build the SCAPE optimizer before the first training step")
         group.__class__ = ScapeBucketGroup
         group.scape = state

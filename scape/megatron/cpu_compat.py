@@ -1,36 +1,42 @@
 """Let megatron-core's GPTModel, DDP and DistributedOptimizer run on CPU/gloo.
 
-Megatron-Core assumes CUDA in a handful of places (checked against 0.16.1):
+Megatron-Core assumes CUDA in a handful of kinds of call (the same kinds in 0.16.1 and
+0.19.2, the two versions tested; :mod:`scape.megatron.versions` says where they differ):
 
-* ``device="cuda"`` / ``device=torch.cuda.current_device()`` tensor creation:
-  ``distributed/param_and_grad_buffer.py`` (buffer allocation, ~l.780-806),
-  ``optimizer/optimizer.py`` (``found_inf``, ``_dummy_overflow_buf``, ``_scale_one``, l.473-485),
-  ``optimizer/clip_grads.py`` (norm / clip scratch tensors, l.90-115, l.174, l.207),
-  ``utils.py`` (``GlobalMemoryBuffer.get_tensor``, l.631), rotary embeddings
-  (``rotary_pos_embedding.py`` l.162, l.297) and the default causal mask
-  (``transformer/utils.py`` l.35-40, only when ``attention_mask=None``).
-* type-name checks that demand ``torch.cuda.*Tensor``: ``optimizer/distrib_optimizer.py``
-  (l.361, l.420, l.582) and ``optimizer/clip_grads.py`` (l.167).
-* the CUDA RNG tracker (``tensor_parallel/random.py``): ``model_parallel_cuda_manual_seed`` and
-  every dropout region's ``get_cuda_rng_tracker().fork()`` read/write the CUDA generator.
+* tensors created with ``device="cuda"`` or ``device=torch.cuda.current_device()``: the DDP
+  buffers, the optimizer's ``found_inf`` / scale scratch tensors, grad-norm clipping, the
+  global memory buffer, rotary embeddings and the default causal mask (built only when
+  ``attention_mask=None``);
+* type-name checks that demand ``torch.cuda.*Tensor`` (the distributed optimizer's wrapped
+  params, grad clipping);
+* the CUDA RNG tracker: ``model_parallel_cuda_manual_seed`` and every dropout region's
+  ``get_cuda_rng_tracker().fork()`` read and write the CUDA generator;
+* stream bookkeeping: 0.19's bucket-group grad sync waits on ``torch.cuda.current_stream()``
+  for CUDA-graph events (0.16 has no such call on this path).
 
 Rather than copying or editing those files, :func:`install_cpu_compat` installs, once per
-process and only when CUDA is absent:
+process and only when CUDA is absent, two things, both **acting only for calls made from
+megatron's own code** (the nearest caller outside torch is a ``megatron.*`` module). Calls
+are recognised by what they are (a torch function and its device argument, a named
+``torch.cuda`` function), never by a file or line number, so a new megatron-core release
+that makes the same kinds of call is covered:
 
-1. ``torch.cuda.current_device`` returning ``0`` (it raises on a CPU build), so the call sites
-   above get a device index that (2) then maps to the CPU;
-2. a ``TorchFunctionMode`` that, **for calls made from megatron's own code only**, rewrites a
-   CUDA ``device`` argument to ``"cpu"``, turns ``Tensor.cuda()`` into a no-op and makes
-   ``Tensor.type()`` of a CPU tensor report the ``torch.cuda.*`` name. Scoping by caller keeps
-   our own code honest: a stray ``device="cuda"`` in ``scape`` still fails on CPU, as on a
-   machine without a GPU it should;
-3. an inert CUDA RNG tracker: ``torch.cuda.get_rng_state`` and megatron's private
-   ``_get_cuda_rng_state`` return a dummy state and ``_set_cuda_rng_state`` does nothing. On CPU
-   dropout draws from the CPU default generator, which with tensor parallel size 1 is what the
-   forked "model-parallel" stream would have been used for anyway. (Our models use dropout 0.)
+1. stand-ins for the ``torch.cuda`` functions that raise on a CPU-only build
+   (:data:`STAND_INS`): ``current_device`` is ``0`` (which (2) maps to the CPU),
+   ``current_stream`` an inert stream whose waits and records do nothing (there is one
+   stream on a CPU), ``get_rng_state`` a dummy state; megatron's private
+   ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` likewise. Called from anywhere else
+   they are the original functions: our own ``torch.cuda.current_stream()`` still raises;
+2. a ``TorchFunctionMode`` that rewrites a CUDA ``device`` argument to ``"cpu"``, turns
+   ``Tensor.cuda()`` into a no-op and makes ``Tensor.type()`` of a CPU tensor report the
+   ``torch.cuda.*`` name. A stray ``device="cuda"`` in ``scape`` still fails on CPU, as on
+   a machine without a GPU it should.
 
-Each replaced function is one that raises on a CPU-only torch build, so the patches cannot
-change the behaviour of code that worked before. On a CUDA machine nothing is touched.
+On CPU dropout draws from the CPU default generator, which with tensor parallel size 1 is
+what the forked "model-parallel" stream would have been used for anyway (our models use
+dropout 0). Each replaced function is one that raises on a CPU-only torch build, so the
+patches cannot change the behaviour of code that worked before. On a CUDA machine nothing
+is touched.
 
 The mode maps only megatron's calls, yet every torch call pays its Python handler (about
 6 us: a frame walk). SCAPE's step makes a few thousand calls, bucket by bucket and block by
@@ -41,29 +47,87 @@ model, 10.2M parameters, profiled on 2 cores).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["install_cpu_compat", "is_cpu_compat_installed", "outside_megatron"]
+__all__ = [
+    "STAND_INS",
+    "install_cpu_compat",
+    "is_cpu_compat_installed",
+    "outside_megatron",
+]
 
 _MODE: _MegatronOnCpu | None = None
 _DUMMY_RNG_STATE = torch.zeros(8, dtype=torch.uint8)
 
 
-def _called_from_megatron() -> bool:
-    """True if the nearest non-torch frame above the mode's handler is megatron's code."""
-    frame = sys._getframe(2)  # 0: this function, 1: __torch_function__, 2: the caller
+def _megatron_is_calling(frame: FrameType | None) -> bool:
+    """True if the nearest frame at or above ``frame`` outside torch is megatron's code."""
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if not name.startswith("torch"):
             return name.startswith("megatron.")
         frame = frame.f_back
     return False
+
+
+def _called_from_megatron() -> bool:
+    """For the mode's handler: is the code that called the torch function megatron's?"""
+    return _megatron_is_calling(sys._getframe(2))  # 0: here, 1: __torch_function__
+
+
+class _InertStream:
+    """The one "stream" of a CPU: work is already ordered, so waiting and recording are no-ops."""
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> None:
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+# (module, attribute, stand-in): what megatron's calls get on a CPU-only build.
+STAND_INS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
+    ("torch.cuda", "current_device", lambda: 0),
+    ("torch.cuda", "current_stream", lambda device=None: _InertStream()),
+    ("torch.cuda", "get_rng_state", lambda device="cuda": _DUMMY_RNG_STATE.clone()),
+    (
+        "megatron.core.tensor_parallel.random",
+        "_get_cuda_rng_state",
+        lambda *args, **kwargs: _DUMMY_RNG_STATE.clone(),
+    ),
+    ("megatron.core.tensor_parallel.random", "_set_cuda_rng_state", lambda *a, **kw: None),
+)
+
+
+def _for_megatron_only(original: Callable[..., Any], stand_in: Callable[..., Any]):
+    """``original`` everywhere, except that megatron's calls get ``stand_in``."""
+
+    @functools.wraps(original)
+    def dispatch(*args, **kwargs):
+        if _megatron_is_calling(sys._getframe(1)):
+            return stand_in(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    dispatch.__scape_original__ = original
+    return dispatch
 
 
 def _is_cuda_device(device: Any) -> bool:
@@ -127,12 +191,9 @@ def install_cpu_compat() -> bool:
         return False
     if _MODE is not None:
         return True
-    from megatron.core.tensor_parallel import random as mcore_random
-
-    torch.cuda.current_device = lambda: 0
-    torch.cuda.get_rng_state = lambda device="cuda": _DUMMY_RNG_STATE.clone()
-    mcore_random._get_cuda_rng_state = lambda *args, **kwargs: _DUMMY_RNG_STATE.clone()
-    mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
+    for module_name, attr, stand_in in STAND_INS:
+        module = importlib.import_module(module_name)
+        setattr(module, attr, _for_megatron_only(getattr(module, attr), stand_in))
     _MODE = _MegatronOnCpu()
     _MODE.__enter__()
     return True

@@ -2,11 +2,12 @@
 synchronized sparse buffer.
 
 Built by Megatron's own factory (``get_megatron_optimizer``: param groups with Megatron's
-weight-decay rules, the buffer layout with its buckets and shards), then promoted to this
-subclass, which replaces the step. Megatron's factory hard-codes its class, hence the
-promotion (``__class__`` assignment on the instance it built: the subclass adds methods and
-attributes only). Megatron's per-shard fp32 main params and inner optimizer are not used:
-SCAPE's state is :class:`scape.megatron.state.ScapeState`.
+weight-decay rules, the buffer layout with its buckets and shards): for the factory's call,
+the name it constructs ``DistributedOptimizer`` by is this subclass, so the factory
+constructs SCAPE's optimizer with the very arguments it passes its own, whatever the
+megatron-core release, and sets on it whatever it sets afterwards. The subclass replaces the
+step. Megatron's per-shard fp32 main params and inner optimizer are not used: SCAPE's state
+is :class:`scape.megatron.state.ScapeState`.
 
 One step, per rank, after backward has packed every bucket and its all-reduce has finished
 (:mod:`scape.megatron.bucket_group`):
@@ -25,6 +26,9 @@ differ only in transport.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -56,20 +60,13 @@ class ReplicaDivergence(RuntimeError):
 
 
 class ScapeDistributedOptimizer(DistributedOptimizer):
+    """Constructed by Megatron's factory with ``DistributedOptimizer``'s own arguments (see
+    :func:`build_scape_optimizer`); :meth:`init_scape` then attaches SCAPE's state."""
+
     scape: ScapeState
 
-    @classmethod
-    def promote(
-        cls, dist_opt: DistributedOptimizer, ddp, config: ScapeConfig, *, check_every: int = 100
-    ) -> ScapeDistributedOptimizer:
-        if type(dist_opt) is not DistributedOptimizer:
-            raise TypeError(f"expected Megatron's DistributedOptimizer, got {type(dist_opt)}")
-        dist_opt.__class__ = cls
-        dist_opt._init_scape(ddp, config, check_every)
-        return dist_opt
-
     # ------------------------------------------------------------------ set-up
-    def _init_scape(self, ddp, config: ScapeConfig, check_every: int) -> None:
+    def init_scape(self, ddp, config: ScapeConfig, check_every: int) -> None:
         buffer = single_buffer(ddp)
         self.ddp, self.check_every = ddp, check_every
         self.param_buffer = buffer.param_data
@@ -235,15 +232,40 @@ def build_scape_optimizer(
     bf16: bool = False,
     check_every: int = 100,
 ) -> ScapeDistributedOptimizer:
-    """Megatron's distributed optimizer for ``ddp`` (stock factory), promoted to SCAPE.
+    """Megatron's distributed optimizer for ``ddp``, built by the stock factory as SCAPE's.
 
     ``spec.kind`` is ignored: SCAPE's update is AdamS (its denominator needs only m and the
     synchronized gradient). ``check_every``: steps between replica checksums (0: never).
     """
     from megatron.core.optimizer import get_megatron_optimizer
 
-    chained = get_megatron_optimizer(megatron_optimizer_config(spec, bf16=bf16), [ddp])
-    (dist_opt,) = chained.chained_optimizers
-    opt = ScapeDistributedOptimizer.promote(dist_opt, ddp, config, check_every=check_every)
+    with _factory_constructs(ScapeDistributedOptimizer):
+        chained = get_megatron_optimizer(megatron_optimizer_config(spec, bf16=bf16), [ddp])
+    (opt,) = chained.chained_optimizers
+    if type(opt) is not ScapeDistributedOptimizer:
+        raise TypeError(
+            f"megatron-core's get_megatron_optimizer built {type(opt).__name__}, not SCAPE's "
+            "DistributedOptimizer subclass: this release constructs its optimizer another way; "
+            "see scape/megatron/versions.py for the tested versions"
+        )
+    opt.init_scape(ddp, config, check_every)
     set_hyperparams(opt, lr=spec.lr, weight_decay=spec.weight_decay)
     return opt
+
+
+@contextmanager
+def _factory_constructs(cls: type[DistributedOptimizer]) -> Iterator[None]:
+    """While inside, Megatron's optimizer factory constructs ``cls`` where it would construct
+    ``DistributedOptimizer`` (it does so by its module-level name in 0.16 and 0.19 alike)."""
+    import megatron.core.optimizer as factory
+
+    if factory.DistributedOptimizer is not DistributedOptimizer:
+        raise RuntimeError(
+            f"megatron.core.optimizer.DistributedOptimizer is {factory.DistributedOptimizer!r}, "
+            "not megatron's class: another optimizer build is in progress or patched it"
+        )
+    factory.DistributedOptimizer = cls
+    try:
+        yield
+    finally:
+        factory.DistributedOptimizer = DistributedOptimizer

@@ -10,17 +10,19 @@ import torch
 
 from scape.megatron import cpu_compat
 
-MCORE_RANDOM = "megatron.core.tensor_parallel.random"
-
 
 def test_inactive_on_the_cuda_path(monkeypatch):
     """With CUDA available, install imports nothing, patches nothing, pushes no mode."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cpu_compat, "_MODE", None)
-    watched = [(torch.cuda, "current_device"), (torch.cuda, "get_rng_state")]
-    if MCORE_RANDOM in sys.modules:  # imported by an earlier test: it must stay untouched too
-        mcore_random = sys.modules[MCORE_RANDOM]
-        watched += [(mcore_random, "_get_cuda_rng_state"), (mcore_random, "_set_cuda_rng_state")]
+    # every stand-in's target; megatron's module only if an earlier test imported it (then
+    # it must stay untouched too)
+    watched = [
+        (sys.modules[module], attr)
+        for module, attr, _ in cpu_compat.STAND_INS
+        if module in sys.modules
+    ]
+    assert {attr for _, attr in watched} >= {"current_device", "current_stream", "get_rng_state"}
     before = [getattr(obj, name) for obj, name in watched]
     modules_before = set(sys.modules)
     modes_before = torch._C._len_torch_function_stack()

@@ -15,6 +15,7 @@ from scape.spawn import run_distributed
 
 STEPS = 8
 WORLD = 2
+MCORE_RANDOM = "megatron.core.tensor_parallel.random"
 
 
 def _skip_wandb() -> None:
@@ -78,12 +79,59 @@ def _reference_adams(shape, batches, spec, world_size):
     return losses, digests, [p.detach().clone() for p in model.parameters()]
 
 
+# A function whose module is megatron's, as far as the CPU layer can tell (it keys on the
+# caller's module name): what megatron's own call of each stand-in gets.
+_MEGATRON_PROBE = """
+def call(module, attr, *args):
+    return getattr(importlib.import_module(module), attr)(*args)
+"""
+
+
+def _stand_in_call(module: str, attr: str, args: tuple, *, as_megatron: bool) -> str:
+    """What one call gives: the stand-in's kind of answer, or the error of the original."""
+    import importlib
+
+    if as_megatron:
+        scope = {"__name__": "megatron.core.scape_probe", "importlib": importlib}
+        exec(compile(_MEGATRON_PROBE, "<megatron probe>", "exec"), scope)
+        call = scope["call"]
+    else:
+
+        def call(module, attr, *args):
+            return getattr(importlib.import_module(module), attr)(*args)
+
+    queued = len(torch.cuda._queued_calls)
+    try:
+        result = call(module, attr, *args)
+    except (AssertionError, RuntimeError):
+        return "failed"
+    if len(torch.cuda._queued_calls) > queued:
+        return "queued a CUDA call"  # the original _set_cuda_rng_state: deferred, never run
+    if isinstance(result, torch.Tensor):
+        return f"tensor on {result.device.type}"
+    return type(result).__name__
+
+
+def _stand_in_observations() -> dict:
+    """Every stand-in called from our code (the original) and from megatron's (the stand-in)."""
+    from scape.megatron.cpu_compat import STAND_INS
+
+    args = {"_set_cuda_rng_state": (torch.zeros(8, dtype=torch.uint8),)}
+    return {
+        f"{module}.{attr}": tuple(
+            _stand_in_call(module, attr, args.get(attr, ()), as_megatron=m) for m in (False, True)
+        )
+        for module, attr, _ in STAND_INS
+    }
+
+
 def _compat_observations() -> dict:
     from megatron.core.transformer.utils import get_sliding_window_causal_mask
 
     from scape.megatron import cpu_compat
 
     out = {"installed": cpu_compat.is_cpu_compat_installed()}
+    out["stand_ins"] = _stand_in_observations()
     out["reinstall"] = cpu_compat.install_cpu_compat()  # idempotent: still one mode
     out["modes"] = torch._C._len_torch_function_stack()
     # megatron's own device="cuda" allocations land on the CPU ...
@@ -176,6 +224,8 @@ CASES = [(s, k) for s in ("tiny-gpt", "tiny-llama") for k in ("adamw", "adams")]
 
 
 def test_compat_layer_active_idempotent_and_scoped_to_megatron(results):
+    """On whichever megatron-core is installed (make test: 0.16.1, make test-mcore-latest:
+    0.19.2): megatron's CUDA calls work on the CPU, ours still fail."""
     if torch.cuda.is_available():
         pytest.skip("the CPU compatibility layer is inactive with CUDA")
     for r in results:
@@ -189,6 +239,15 @@ def test_compat_layer_active_idempotent_and_scoped_to_megatron(results):
             "megatron_outside": "failed",
             "modes_after": 1,
             "megatron_after": "cpu",
+            # (called from our code, called from megatron's): each stand-in acts for megatron
+            # only; ours get the original, which fails (or only queues) on a CPU-only build
+            "stand_ins": {
+                "torch.cuda.current_device": ("failed", "int"),
+                "torch.cuda.current_stream": ("failed", "_InertStream"),
+                "torch.cuda.get_rng_state": ("failed", "tensor on cpu"),
+                f"{MCORE_RANDOM}._get_cuda_rng_state": ("failed", "tensor on cpu"),
+                f"{MCORE_RANDOM}._set_cuda_rng_state": ("queued a CUDA call", "NoneType"),
+            },
         }
 
 
