@@ -165,9 +165,10 @@ $(MCORE_STAMP): $(REQS) requirements/mcore-latest.txt
 		g++ -O3 -Wall -shared -std=c++17 -fPIC $$($(CURDIR)/$(MCORE_PY) -m pybind11 --includes) helpers.cpp \
 		-o helpers_cpp$$($(CURDIR)/$(MCORE_PY) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 	$(MCORE_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(MCORE_PY) -m data_prep.assets
 	@touch $(MCORE_STAMP)
 
-test-mcore-latest: $(STAMP) $(MCORE_STAMP)
+test-mcore-latest: $(MCORE_STAMP)
 	$(MCORE_PY) -c "import megatron.core; print('>> megatron-core', megatron.core.__version__)"
 	$(MCORE_PY) -m pytest -q $(MCORE_TESTS)
 
