@@ -4,29 +4,18 @@
 
 The projected per-step speed-up of SCAPE-99 (and SCAPE-90) over dense AdamS for Llama-1.8B
 on 32 ranks, over per-rank link bandwidth (1-400 Gbit/s) x tokens per GPU per step
-(1k-32k), without and with Megatron's overlap of the dense exchange behind compute. Every
-cell is :func:`benchmarks.projection.project_model` (the cost model of ``make
-bench-project``) with that bandwidth and batch; its assumptions are
-:class:`benchmarks.projection.Assumptions` (one GH200 per node, compute = model FLOPs /
-(989 TFLOP/s x MFU 0.4), rings at 80% of line rate with 10 us per ring step, dense ZeRO-1
-in bf16 with one reduce-scatter and one all-gather per 40M-element bucket, SCAPE with one
-all-reduce of bf16 values per bucket and one mask all-gather per step hidden behind compute,
-optimizer-side work from :mod:`benchmarks.overhead`'s memory-traffic model, in which every
-SCAPE rank updates every entry), written into the JSON beside the numbers. ``no overlap``: every exchange after backward; ``overlap``: both
-methods hide their value exchange behind compute up to the compute time (Megatron's
-``overlap_grad_reduce`` / ``overlap_param_gather`` at best).
-
-It marks the x3.26 contour (the abstract's Llama-1.8B claim) and places each emulated
-measurement of ``make bench-step`` (``megatron_step.json``, when present) at its own ratio
-of dense communication to compute: on the maps as the line of cells with that ratio, and
-on the third panel, speed-up against that ratio, beside the projection's curve. The map
-renders without measurements too.
+(1k-32k), without and with overlap of the exchange behind compute. Every cell is
+:func:`benchmarks.projection.project_model` with that bandwidth and batch (its assumptions,
+:class:`benchmarks.projection.Assumptions`, are written into the JSON). It marks the x3.26
+contour (the abstract's Llama-1.8B claim) and places each round of ``make bench-step``
+(``megatron_step.json``, when present) at its own ratio of dense communication to compute.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -34,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.records import load_sweep
 from benchmarks.projection import PAPER, Assumptions, load_overhead, project_model
 
 __all__ = ["break_even_bandwidth", "grid", "main", "measured_points", "ratio_curve"]
@@ -107,27 +97,24 @@ def needed_ratio(curve: list[dict], key: str, target: float = TARGET) -> float |
 
 
 def measured_points(step_json: Path) -> list[dict[str, Any]]:
-    """Emulated rounds of ``make bench-step``: the dense (no overlap) step's comm/compute
-    ratio, and the SCAPE speed-ups measured there."""
-    if not step_json.is_file():
-        return []
-    doc = json.loads(step_json.read_text())
-    by_round: dict[str, dict[str, dict]] = {}
-    for p in doc.get("points", []):
-        by_round.setdefault(p["round"], {})[p["method"]] = p
+    """Rounds of ``make bench-step``: the dense (no overlap) step's comm/compute ratio, and
+    the SCAPE speed-ups measured there."""
+    sweep = load_sweep(step_json)
+    by_round: dict[str, dict[str, Any]] = {}
+    for p in sweep.points if sweep else []:
+        by_round.setdefault(p.round, {})[p.method] = p
     out = []
     for name, ms in by_round.items():
         dense = ms.get("dense-no-overlap")
-        if not dense or dense.get("comm_over_compute") is None:
+        if not dense or dense.comm_over_compute is None:
             continue
-        row = {"round": name, "world_size": dense["world_size"], "link": dense["link"],
-               "comm_over_compute": dense["comm_over_compute"],
-               "noisy": bool(dense.get("noisy") or dense.get("floor_noisy")),
-               "load_before": dense.get("load_before"), "load_after": dense.get("load_after")}  # fmt: skip
+        row = {"round": name, "world_size": dense.world_size, "link": dense.link,
+               "comm_over_compute": dense.comm_over_compute, "noisy": dense.noisy,
+               "load_before": dense.load_before, "load_after": dense.load_after}  # fmt: skip
         for m in METHODS:
             if m in ms:
-                row[f"{m}/no_overlap"] = ms[m].get("speedup_vs_dense-no-overlap")
-                row[f"{m}/full_overlap"] = ms[m].get("speedup_vs_dense-overlap")
+                row[f"{m}/no_overlap"] = ms[m].speedup_vs_no_overlap
+                row[f"{m}/full_overlap"] = ms[m].speedup_vs_overlap
         out.append(row)
     return out
 
@@ -142,6 +129,7 @@ def _interp(curve: list[dict], key: str, r: float) -> float | None:
 
 def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) -> None:
     import matplotlib
+    from PIL import Image
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -217,8 +205,11 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
                  f"x{TARGET}; dashed orange: SCAPE-90 at x{TARGET}; dotted: emulated runs' ratios)",
                  fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110)
     plt.close(fig)
+    # a 256-colour palette: the same figure in a third of the bytes (the repository keeps it)
+    Image.open(buf).convert("RGB").quantize(256).save(out, optimize=True)
 
 
 def _bw(x: float | str | None) -> str:
@@ -257,34 +248,40 @@ def grid_subset(cells: list[dict]) -> list[dict]:
 
 
 def in_words(summary: dict) -> str:
-    """Which settings the paper's x3.26 needs, from the summary's numbers."""
+    """Which settings the paper's speed-up needs, every figure from the summary."""
     need, top, be = (summary["needed_comm_over_compute"], summary["max_tokens_at_400gbit"],
                      summary["break_even_gbit"])  # fmt: skip
+    link, tokens_per_gpu = (
+        summary["assumptions"]["link_gbit"],
+        summary["assumptions"]["tokens_per_gpu"],
+    )
+    smallest = min(int(t) for t in be["scape-99/no_overlap"])
 
     def ratio(k: str) -> str:
         return "never" if need[k] is None else f"{need[k]:.1f}x"
 
     def tokens(k: str) -> str:
-        return (
-            "no batch of 1k or more"
-            if top[k] is None
-            else f"at most {top[k]:,} tokens per GPU per step"
-        )
+        if top[k] is None:
+            return f"no batch of {smallest // 1024}k or more"
+        return f"at most {top[k]:,} tokens per GPU per step"
 
     def bw(k: str) -> str:
         row = {int(t): v for t, v in be[k].items()}  # int keys, also after a JSON round trip
-        return _bw(row[16384]).replace("<=", "at most").replace(">=", "at least") + " Gbit/s"
+        return (
+            _bw(row[tokens_per_gpu]).replace("<=", "at most").replace(">=", "at least") + " Gbit/s"
+        )
 
     return (
-        f"The paper's x{TARGET} for {MODEL} needs the dense exchange to take at least "
-        f"{ratio('scape-99/no_overlap')} the compute for SCAPE-99 without overlap "
+        f"The paper's x{summary['target']} for {summary['model']} needs the dense exchange to "
+        f"take at least {ratio('scape-99/no_overlap')} the compute for SCAPE-99 without overlap "
         f"({ratio('scape-99/full_overlap')} with Megatron's overlap; SCAPE-90: "
         f"{ratio('scape-90/no_overlap')} / {ratio('scape-90/full_overlap')}). On Vista-like "
-        f"400 Gbit/s links that means {tokens('scape-99/no_overlap')} for SCAPE-99 without "
-        f"overlap ({tokens('scape-99/full_overlap')} with it); at 16k tokens per GPU it needs "
-        f"per-rank links of {bw('scape-99/no_overlap')} ({bw('scape-99/full_overlap')} with "
-        "overlap). Where the dense exchange is a small part of the step (large batches, fast "
-        "links, the exchange overlapped), SCAPE's per-step gain shrinks towards x1."
+        f"{link:g} Gbit/s links that means {tokens('scape-99/no_overlap')} for SCAPE-99 without "
+        f"overlap ({tokens('scape-99/full_overlap')} with it); at {tokens_per_gpu // 1024}k tokens "
+        f"per GPU it needs per-rank links of {bw('scape-99/no_overlap')} "
+        f"({bw('scape-99/full_overlap')} with overlap). Where the dense exchange is a small part "
+        "of the step (large batches, fast links, the exchange overlapped), SCAPE's per-step gain "
+        "shrinks towards x1."
     )
 
 

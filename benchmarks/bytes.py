@@ -3,13 +3,13 @@
 Two parts, both written to ``results/bench/bytes.json``; nothing is timed:
 
 * **measured**: W gloo ranks on loopback (default 4) train a small Llama on byte-level text
-  through Megatron's train step (:mod:`benchmarks.megatron_workload`): dense AdamW and AdamS,
+  through Megatron's train step (:mod:`benchmarks.harness.bytecount`): dense AdamW and AdamS,
   counted by a tap on the collectives Megatron calls, and SCAPE-90/99 with fp32 values (the
   library's default) and with bf16 values, counted by SCAPE's own counter. Per method the
   median over measured steps of rank 0's counts (every rank counts alike); each SCAPE row
   beside :func:`scape.comm.step_bytes_per_rank` for the run's own buckets (``formula``).
 * **paper scale**: the same accounting for GPT-345M, Llama-500M and Llama-1.8B on W=32 with
-  Megatron's buckets (:mod:`benchmarks.scale`), dense ZeRO-1 in bf16.
+  Megatron's buckets (:mod:`benchmarks.harness.paper`), dense ZeRO-1 in bf16.
 
 Ratios: ``dense_over_this`` = dense bytes / this method's (how many times fewer; measured:
 against this run's dense AdamS, fp32 on CPU; paper scale: against dense bf16);
@@ -27,12 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks import quiet
-from benchmarks.launch import launch_ranks
-from benchmarks.scale import PAPER_MODELS, dense_bytes, scape_bytes, totals
-from scape.basis import selected_count
+from benchmarks.harness import paper, quiet
+from benchmarks.harness.bytecount import bytecount_worker
+from benchmarks.harness.launch import launch_ranks
 from scape.comm import step_bytes_per_rank
-from scape.config import ScapeConfig
 
 __all__ = ["MEASURED_METHODS", "paper_scale_bytes", "summarize_measured"]
 
@@ -53,8 +51,7 @@ VALUE_NBYTES = {"float32": 4, "bfloat16": 2}
 
 def scape_formula(method: dict[str, Any], shard_sizes: list[int], world: int) -> dict[str, float]:
     """What SCAPE's counter should book in a sparse step for this run's buckets."""
-    cfg = ScapeConfig.for_sparsity(method["sparsity"])
-    selected = [selected_count(s, cfg.chunk, cfg.k) for s in shard_sizes]
+    selected = paper.selected_per_shard(shard_sizes, method["sparsity"])
     out = step_bytes_per_rank(selected, world, VALUE_NBYTES[method["value_dtype"]], masks=True)
     return {k: v for k, v in out.items() if v}
 
@@ -82,7 +79,7 @@ def summarize_measured(results: list[dict[str, Any]],
     dense = out["dense-adams"]["bytes_per_rank"]
     dense_total = dense.get("grad_values", 0.0) + dense.get("param_values", 0.0)
     for entry in out.values():
-        entry.update(totals(entry["bytes_per_rank"], dense_total))
+        entry.update(paper.totals(entry["bytes_per_rank"], dense_total))
     return {"world_size": world, "n_params": r0["n_params"], "padded": r0["padded"],
             "shard_sizes": r0["shard_sizes"], "methods": out}  # fmt: skip
 
@@ -90,16 +87,18 @@ def summarize_measured(results: list[dict[str, Any]],
 def paper_scale_bytes(n_params: int, world_size: int) -> dict[str, Any]:
     """Per-rank bytes per step at scale: dense ZeRO-1 bf16 and SCAPE-90/99 (bf16 and fp32
     values), with their totals and ratios to dense."""
-    dense = dense_bytes(n_params, world_size)
+    dense = paper.dense_bytes(n_params, world_size)
     entries = {"dense-adams": dense}
     for suffix, nbytes in (("-bf16", 2), ("", 4)):
-        for label, sparsity in (("90", 0.9), ("99", 0.99)):
-            entries[f"scape-{label}{suffix}"] = scape_bytes(n_params, world_size, sparsity, nbytes)
+        for label, s in (("90", 0.9), ("99", 0.99)):
+            entries[f"scape-{label}{suffix}"] = paper.scape_bytes(n_params, world_size, s, nbytes)
     dense_total = dense["grad_values"] + dense["param_values"]
     return {
         "n_params": n_params,
         "world_size": world_size,
-        "methods": {n: {"bytes_per_rank": e, **totals(e, dense_total)} for n, e in entries.items()},
+        "methods": {
+            n: {"bytes_per_rank": e, **paper.totals(e, dense_total)} for n, e in entries.items()
+        },  # fmt: skip
     }
 
 
@@ -119,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== bytes: {args.world_size} gloo ranks on loopback, Megatron's train step, "
           f"{len(MEASURED_METHODS)} methods", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="scape-bytes-") as tmp:
-        results = launch_ranks("benchmarks.rank_main", spec, Path(tmp),
-                               world_size=args.world_size, timeout_s=1800)  # fmt: skip
+        results = launch_ranks(bytecount_worker, spec, Path(tmp), world_size=args.world_size,
+                               timeout_s=1800)  # fmt: skip
     measured = summarize_measured(results, MEASURED_METHODS)
     from scape.megatron.models import SHAPES, count_params
 
     report: dict[str, Any] = {
         "model": MODEL, "bucket_size": BUCKET_SIZE, "measured": measured,
-        "paper_scale": {m: paper_scale_bytes(count_params(SHAPES[m]), 32) for m in PAPER_MODELS},
+        "paper_scale": {m: paper_scale_bytes(count_params(SHAPES[m]), 32) for m in paper.PAPER_MODELS},
         # Byte counts do not depend on load; recorded as every benchmark records it.
         "quiet": {"load_before": load_before, "load_after": quiet.load_average(),
                   "note": "counts only: not re-run under load"},

@@ -16,9 +16,9 @@ runs it: ``step_bucket_``): every rank steps every entry itself, which is what r
 parameter all-gather. Dense ZeRO-1 as Megatron does it:
 scale the W*S grads in place, AdamS on the S owned entries, copy them into the param buffer.
 
-It also writes a memory-traffic estimate of each part (bytes read+written, as fused GPU
-kernels would move them): the ``gpu_model`` section turns that into GPU time at an assumed
-HBM bandwidth. That is a model, not a measurement, and is labelled so.
+``gpu_model`` turns the memory-traffic model of each part
+(:func:`benchmarks.harness.paper.traffic_bytes`) into GPU time at an assumed HBM bandwidth:
+a model, not a measurement, and labelled so.
 """
 
 from __future__ import annotations
@@ -34,36 +34,19 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import quiet
+from benchmarks.harness import quiet
+from benchmarks.harness.paper import PAPER_MODELS, SCAPE_STEP, traffic_bytes
 from scape.adams import adams_update_
 from scape.basis import ShardBasis
 from scape.config import ScapeConfig
 from scape.shard import accumulate, commit_moment_, decay_runs, owner_mask, pack, step_bucket_
 
-__all__ = ["SCAPE_STEP", "gpu_model", "measure", "traffic_bytes"]
+__all__ = ["gpu_model", "measure"]
 
-SCAPE_STEP = "R6"  # the step these parts time; an overhead.json of another step is not used
 GH200_HBM_BPS = 4.0e12  # GH200 96 GB HBM3, ~4 TB/s (reference doc)
 HBM_EFFICIENCY = 0.6  # assumed: gathers/scatters and top-k run below streaming bandwidth
 VALUE_DTYPE = "bfloat16"  # on the wire, as the projection assumes
 LR, WD = 1e-4, 0.1
-
-
-def traffic_bytes(world: int, shard: int, selected: int,
-                  value_nbytes: int = 2) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Bytes each part reads+writes for one bucket (fp32 state, int64 mask offsets)."""
-    n, wn = world * shard, world * selected
-    return {
-        "scape": {
-            "select": 4 * shard * 3 + 8 * selected,  # moment -> coefficients -> top-k
-            "accumulate": 12 * n,  # m, g -> candidate
-            "pack": 4 * n + wn * (8 + 4 + value_nbytes),  # candidate at the masks -> wire
-            "commit": 16 * n + wn * (value_nbytes + 12),  # wire -> removed; m = cand - removed
-            # synced -> q block, decay and update while it is in cache: v and params r/w
-            "step": 16 * n + wn * (value_nbytes + 12),
-        },
-        "dense": {"scale": 8 * n, "update": shard * (4 * 2 * 2 + 4 + 16)},
-    }
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
@@ -193,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     from scape.megatron.models import SHAPES, count_params
 
     shard = args.bucket // args.world_size
-    buckets = {m: -(-count_params(SHAPES[m]) // args.bucket)
-               for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
+    buckets = {m: -(-count_params(SHAPES[m]) // args.bucket) for m in PAPER_MODELS}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip() or None  # fmt: skip
     report: dict = {"scape_step": SCAPE_STEP, "commit": commit, "world_size": args.world_size,

@@ -4,39 +4,24 @@ cluster, for every optimizer of the peers experiment (issue 8).
     python -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2 \
         --out results/peers/cluster.json
 
-Unlike ``make bench-step`` (steps of several methods interleaved), each point here is a whole
-``pipelines.training.trainer.train_rank`` run of ``experiment=peers_gpt345m_owt scale=tiny``
-with one optimizer of that experiment's sweep, every rank in its own network namespace behind a
-``tc tbf``-shaped link (:mod:`benchmarks.netns`), started by :mod:`benchmarks.pretrain_rank`.
-A fresh cluster is built for every run (a few ip/tc calls, so no run sees another's queues).
-
-The trainer's ``step_time`` (forward + backward + communication + optimizer on rank 0; the
-collectives make it wait for the slowest rank) and bytes (what a rank sent that step) are
-read from rank 0's metrics.jsonl. Eval and checkpoints happen only after the last step,
-outside the timed part. ``train.warmup_steps`` is small for every method (1-bit Adam
-freezes its variance when the warm-up ends) and the first ``--skip`` steps (default
-warm-up + 2) are left out, so 1-bit Adam is measured after its freeze.
-
-Fairness on a shared machine: the methods run one after another in an order rotated each
-repeat, the load average is recorded before and after every run, and each method is also
-compared to dense AdamS of the *same* repeat (median over repeats of those ratios).
-Per method: median over repeats of the per-run medians, every per-run value, bytes per
-rank per step, and errors (a method that crashes is recorded and the sweep goes on).
-Skips with a message (and a JSON saying why) when network namespaces are not available;
-``--loopback`` runs the same on 127.0.0.1 without namespaces or shaping.
-
-The JSON: ``methods`` (name -> ``step_time_s``, ratios, bytes, errors; what
-``pipelines.studies.peers_report`` reads for its time columns), ``link`` (with its ``label``),
-``runs`` (one record per run, every step's time and bytes), the settings and the load.
+Each point is a whole trainer run of ``experiment=peers_gpt345m_owt scale=tiny`` with one
+optimizer of that experiment's sweep (:func:`benchmarks.harness.workers.pretrain_worker`),
+every rank in its own network namespace behind a ``tc tbf``-shaped link, a fresh cluster
+per run. The trainer's ``step_time`` and bytes are read from rank 0's metrics.jsonl; eval
+and checkpoints happen only after the last step. ``train.warmup_steps`` is small for every
+method (1-bit Adam freezes its variance when the warm-up ends) and the first ``--skip``
+steps (default warm-up + 2) are left out. Methods run one after another in an order
+rotated each repeat, each run a quiet-protocol round, and each method is compared to dense
+AdamS of the *same* repeat. The JSON's ``methods`` (name -> ``step_time_s``, ratios, bytes,
+errors) and ``link.label`` are what ``pipelines.studies.peers_report`` reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import platform
-import re
 import signal
 import statistics
 import sys
@@ -45,19 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import quiet
-from benchmarks.launch import LaunchError, error_summary, launch_ranks
-from benchmarks.netns import Cluster, LinkSpec, ready_or_skip
+from benchmarks.harness import quiet
+from benchmarks.harness.launch import LaunchError, error_summary, launch_ranks
+from benchmarks.harness.netns import Cluster, LinkSpec, ready_or_skip
+from benchmarks.harness.workers import pretrain_worker
 
-__all__ = [
-    "EXPERIMENT",
-    "REFERENCE",
-    "default_methods",
-    "main",
-    "overrides_for",
-    "run_stats",
-    "summarize",
-]
+__all__ = ["EXPERIMENT", "REFERENCE", "default_methods", "main", "overrides_for", "run_stats",
+           "summarize"]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "peers_gpt345m_owt"
@@ -75,23 +54,12 @@ def overrides_for(method: str, *, steps: int, warmup: int, world: int, output_ro
                   data_root: Path) -> list[str]:  # fmt: skip
     """Pretrain overrides of one run: the experiment at tiny scale; eval, checkpoints and
     the consistency check only after the last step; no W&B, no progress bar."""
-    return [
-        f"experiment={EXPERIMENT}",
-        "scale=tiny",
-        f"optimizer={method}",
-        f"train.train_steps={steps}",
-        f"train.warmup_steps={warmup}",
-        f"train.eval_interval={steps}",
-        "train.eval_iters=1",
-        f"train.checkpoint_interval={steps}",
-        f"train.consistency_check_interval={steps}",
-        "cluster.nodes=1",
-        f"cluster.ranks_per_node={world}",
-        "wandb.mode=disabled",
-        "progress=false",
-        f"output_root={output_root}",
-        f"data_root={data_root}",
-    ]
+    return [f"experiment={EXPERIMENT}", "scale=tiny", f"optimizer={method}",
+            f"train.train_steps={steps}", f"train.warmup_steps={warmup}",
+            f"train.eval_interval={steps}", "train.eval_iters=1",
+            f"train.checkpoint_interval={steps}", f"train.consistency_check_interval={steps}",
+            "cluster.nodes=1", f"cluster.ranks_per_node={world}", "wandb.mode=disabled",
+            "progress=false", f"output_root={output_root}", f"data_root={data_root}"]  # fmt: skip
 
 
 def _median(xs: list[float]) -> float | None:
@@ -165,8 +133,7 @@ def summarize(runs: list[dict[str, Any]], reference: str = REFERENCE) -> dict[st
 def _link_record(link: LinkSpec | None) -> dict[str, Any]:
     if link is None:  # pipelines.studies.peers_report reads link.label for its column heading
         return {"rate_mbit": None, "label": "loopback (not shaped)"}
-    return {"rate_mbit": link.rate_mbit, "burst_bytes": link.burst,
-            "latency_ms": link.latency_ms, "label": link.label}  # fmt: skip
+    return {"rate_mbit": link.rate_mbit, "burst_bytes": link.burst, "label": link.label}
 
 
 def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path,
@@ -174,31 +141,19 @@ def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path,
     """Train one method once on a fresh cluster (or on loopback) in a fresh run directory
     (a re-run of a disturbed round must not resume the first try's checkpoint)."""
     out_dir = tmp / f"rep{repeat}-{method}-try{attempt}"
-    spec = {
-        "overrides": overrides_for(
-            method,
-            steps=args.steps,
-            warmup=args.warmup_steps,
-            world=args.ranks,
-            output_root=out_dir / "runs",
-            data_root=args.data_root.resolve(),
-        ),
-        "run_dir": str(out_dir / "run"),
-        "timeout_s": args.timeout,
-    }
+    overrides = overrides_for(method, steps=args.steps, warmup=args.warmup_steps,
+                              world=args.ranks, output_root=out_dir / "runs",
+                              data_root=args.data_root.resolve())  # fmt: skip
+    spec = {"overrides": overrides, "run_dir": str(out_dir / "run")}
     record: dict[str, Any] = {"method": method, "repeat": repeat}
     load_before, start = os.getloadavg()[0], time.perf_counter()
     try:
-        if args.loopback:
-            results = launch_ranks("benchmarks.pretrain_rank", spec, out_dir,
-                                   world_size=args.ranks, timeout_s=args.timeout)  # fmt: skip
-        else:
-            with Cluster(args.ranks, LinkSpec(args.rate_mbit)) as cluster:
-                results = launch_ranks("benchmarks.pretrain_rank", spec, out_dir,
-                                       world_size=args.ranks, cluster=cluster,
-                                       timeout_s=args.timeout)  # fmt: skip
-                qdisc = cluster.qdisc_stats()
-            record["tc_dropped_packets"] = sum(int(n) for n in re.findall(r"dropped (\d+)", qdisc))
+        link = None if args.loopback else LinkSpec(args.rate_mbit)
+        with Cluster(args.ranks, link) if link else contextlib.nullcontext() as cluster:
+            results = launch_ranks(pretrain_worker, spec, out_dir, world_size=args.ranks,
+                                   cluster=cluster, timeout_s=args.timeout)  # fmt: skip
+            if cluster is not None:
+                record["tc_dropped_packets"] = cluster.dropped_packets()
         record.update(run_stats(results[0], args.skip))
         record["startup_and_teardown_s"] = results[0]["seconds"] - (
             results[0].get("train_seconds") or 0.0
@@ -227,13 +182,6 @@ def print_table(summary: dict[str, Any]) -> None:
               f"{_fmt(m['bytes_ratio'], '.1f'):>8s}  {len(m['errors'])}/{m['runs']}")  # fmt: skip
         for e in m["errors"][:1]:
             print("    " + e.replace("\n", "\n    "))
-
-
-def _host() -> dict[str, Any]:
-    import torch
-
-    return {"cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "machine": platform.machine()}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,30 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     quiet.require_quiet("bench-peers-cluster", protocol.allow_busy)
     doc: dict[str, Any] = {
-        "bench": "peers_cluster",
-        "experiment": EXPERIMENT,
-        "mode": "loopback" if args.loopback else "netns",
-        "world_size": args.ranks,
-        "link": _link_record(link),
-        "steps": args.steps,
-        "warmup_steps": args.warmup_steps,
-        "skip": args.skip,
-        "repeats": args.repeats,
-        "method_order": methods,
-        "overrides": overrides_for(
-            "<method>",
-            steps=args.steps,
-            warmup=args.warmup_steps,
-            world=args.ranks,
-            output_root=Path("<tmp>"),
-            data_root=args.data_root.resolve(),
-        ),
-        "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "host": _host(),
-        "loadavg_start": list(os.getloadavg()),
-        "protocol": protocol.to_dict(),
-        "runs": [],
-    }
+        "bench": "peers_cluster", "experiment": EXPERIMENT,
+        "mode": "loopback" if args.loopback else "netns", "world_size": args.ranks,
+        "link": _link_record(link), "steps": args.steps, "warmup_steps": args.warmup_steps,
+        "skip": args.skip, "repeats": args.repeats, "method_order": methods,
+        "overrides": overrides_for("<method>", steps=args.steps, warmup=args.warmup_steps,
+                                   world=args.ranks, output_root=Path("<tmp>"),
+                                   data_root=args.data_root.resolve()),
+        "started_at": quiet.utc_now(), "host": quiet.host(), "loadavg_start": list(os.getloadavg()),
+        "protocol": protocol.to_dict(), "runs": [],
+    }  # fmt: skip
     where = "loopback" if link is None else f"{args.ranks} ranks x {link.label}"
     with tempfile.TemporaryDirectory(prefix="scape-peers-bench-") as tmp:
         for repeat in range(args.repeats):
@@ -334,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Written after every run: a long sweep that is stopped keeps what it has.
                 doc.update(summarize(doc["runs"]))
                 args.out.write_text(json.dumps(doc, indent=1))
-    doc["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    doc["finished_at"] = quiet.utc_now()
     doc["loadavg_end"] = list(os.getloadavg())
     doc.update(summarize(doc["runs"]))
     args.out.write_text(json.dumps(doc, indent=1))

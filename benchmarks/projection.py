@@ -1,31 +1,17 @@
 """`make bench-project`: the cost model projected to the paper's cluster, 32 GH200 nodes.
 
-Every input that is not measured here is an assumption, listed in :class:`Assumptions`
-and written into ``results/bench/projection.json`` beside the numbers:
-
-* network: one GPU per node, NDR InfiniBand at 400 Gbit/s per direction; NCCL rings reach
-  about 80% of line rate on large messages, so B = 40 GB/s per rank; alpha = 10 us per
-  ring step (IB latency plus NCCL protocol overhead; two-tier fat tree);
-* exchanges (bytes from :mod:`benchmarks.scale`, the formulas the counters are tested
-  against): dense ZeRO-1 issues one reduce-scatter of bf16 gradients and one all-gather of
-  bf16 parameters per Megatron bucket (40M elements); SCAPE one all-reduce per bucket of
-  the selected DCT coefficients' values (two ring passes: a reduce-scatter and an all-
-  gather; there is no parameter all-gather) and one all-gather per step of the next step's
-  masks (one byte per coefficient), hidden behind compute; SCAPE's values in bf16
-  (``value_dtype=bfloat16``: the library's default, float32, doubles its value bytes);
-* compute: forward+backward FLOPs = 6 N T + 12 L h s T (T tokens per GPU per step), on a
-  Hopper GPU at 989 TFLOP/s bf16 peak with 40% MFU -- or, when the GPU check
-  (``scripts/gpu_check.py``) has written ``results/gpu/gpu_check_*.json``, at the MFU its
-  dense GPT-345M steps reached, with SCAPE's kernels taken from its Llama-1.8B
-  micro-benchmark;
-* batch: 16,384 tokens per GPU per step (0.5M tokens globally, the GPT-2/nanoGPT recipe),
-  the paper's batch being unknown; a sweep over tokens per GPU is written too;
-* optimizer-side work: the memory-traffic model of :mod:`benchmarks.overhead` (GPU time =
-  bytes / (4 TB/s x 0.6)); every SCAPE rank decodes and updates all N entries, a dense rank
-  its N/W; measured GPU numbers replace the model when ``overhead.json`` has them for this
-  step, or the GPU check's kernels;
-* overlap: two bounds, no overlap (every exchange after backward, as the emulated runs)
-  and full overlap (each method's value exchange hidden behind compute up to its time).
+Every input not measured here is an assumption, listed in :class:`Assumptions` and written
+into ``results/bench/projection.json`` beside the numbers: one GPU per node on NDR
+InfiniBand (rings at ``link_efficiency`` of line rate, ``alpha_us`` per ring step); bytes
+from :mod:`benchmarks.harness.paper` (dense ZeRO-1: a bf16 reduce-scatter and all-gather per
+40M-element bucket; SCAPE: an all-reduce of its selected values per bucket and one mask
+all-gather per step, hidden behind compute); compute = 6 N T + 12 L h s T FLOPs at
+``peak_tflops`` x ``mfu`` -- or at the MFU of the GPU check's dense steps
+(``results/gpu/gpu_check_*.json``, with SCAPE's kernels from its micro-benchmark);
+optimizer-side work from the memory-traffic model (every SCAPE rank updates all N entries,
+a dense rank its N/W), or measured GPU numbers when ``overhead.json`` has them; two overlap
+bounds: none (every exchange after backward) and full (each method's value exchange
+hidden behind compute up to its time).
 """
 
 from __future__ import annotations
@@ -37,19 +23,11 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.costmodel import AlphaBeta
-from benchmarks.overhead import SCAPE_STEP, traffic_bytes
-from benchmarks.scale import dense_bytes, megatron_buckets, scape_bytes, scape_selected
+from benchmarks.harness import paper
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
 
-__all__ = [
-    "SPARSITIES",
-    "Assumptions",
-    "comm_seconds",
-    "gpu_calibration",
-    "load_overhead",
-    "project_model",
-]
+__all__ = ["SPARSITIES", "Assumptions", "comm_seconds", "gpu_calibration", "load_overhead",
+           "project_model"]  # fmt: skip
 
 PAPER = {"speedup_llama_1_8b": 3.26, "wallclock_saving_llama_500m": 0.433}
 SPARSITIES = {"scape-90": 0.9, "scape-99": 0.99}
@@ -69,8 +47,13 @@ class Assumptions:
     scape_value_bytes: int = 2
 
     @property
-    def link(self) -> AlphaBeta:
-        return AlphaBeta(self.alpha_us * 1e-6, self.link_gbit * 1e9 / 8 * self.link_efficiency)
+    def alpha_s(self) -> float:
+        return self.alpha_us * 1e-6
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        """Bytes per second one rank sends in a ring."""
+        return self.link_gbit * 1e9 / 8 * self.link_efficiency
 
 
 def _flops(shape, tokens: int, n_params: int) -> float:
@@ -119,7 +102,7 @@ def load_overhead(bench_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     doc = json.loads(path.read_text())
-    return doc if doc.get("scape_step") == SCAPE_STEP else None
+    return doc if doc.get("scape_step") == paper.SCAPE_STEP else None
 
 
 def comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
@@ -130,19 +113,15 @@ def comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[
 
 @functools.lru_cache(maxsize=4096)  # the break-even map asks for each link many times
 def _comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
-    w, link = a.world_size, a.link
-    calls = len(megatron_buckets(n_params, w))  # per kind of value exchange: one per bucket
+    w = a.world_size
+    calls = len(paper.megatron_buckets(n_params, w))  # per kind of value exchange: one per bucket
     if sparsity is None:
-        sent = dense_bytes(n_params, w)
+        sent = paper.dense_bytes(n_params, w)
     else:
-        sent = scape_bytes(n_params, w, sparsity, a.scape_value_bytes)
+        sent = paper.scape_bytes(n_params, w, sparsity, a.scape_value_bytes)
 
     def seconds(kind: str, n_calls: int) -> float:
-        return (
-            n_calls * (w - 1) * link.alpha_s + sent[kind] / link.bandwidth_Bps
-            if sent[kind]
-            else 0.0
-        )
+        return n_calls * (w - 1) * a.alpha_s + sent[kind] / a.bandwidth_Bps if sent[kind] else 0.0
 
     return {"grad_sync": seconds(GRAD_VALUES, calls), "param_sync": seconds(PARAM_VALUES, calls),
             "mask": seconds(MASKS, 1)}  # fmt: skip
@@ -162,7 +141,7 @@ def project_model(name: str, a: Assumptions, tokens: int | None = None,
     dense_xfer = dense_comm["grad_sync"] + dense_comm["param_sync"]
     dense = {"no_overlap": compute + opt["dense"] + dense_xfer,
              "full_overlap": max(compute, dense_xfer) + opt["dense"]}  # fmt: skip
-    out = {"n_params": n, "buckets": len(megatron_buckets(n, a.world_size)),
+    out = {"n_params": n, "buckets": len(paper.megatron_buckets(n, a.world_size)),
            "tokens_per_gpu": tokens, "compute_s": compute, "dense_comm_s": dense_comm,
            "dense_optimizer_s": opt["dense"], "optimizer_source": opt["source"],
            "dense_step_s": dense, "scape": {}}  # fmt: skip
@@ -190,13 +169,15 @@ def optimizer_seconds(n_params: int, a: Assumptions, overhead: dict | None = Non
     the memory-traffic model; the memory-traffic model alone.
     """
     w = a.world_size
-    buckets = megatron_buckets(n_params, w)
+    buckets = paper.megatron_buckets(n_params, w)
     bw = a.hbm_Bps * a.hbm_efficiency
     gpu = (overhead or {}).get("devices", {}).get("cuda")
     out: dict = {}
     for label, sparsity in SPARSITIES.items():
-        selected = scape_selected(buckets, w, sparsity)
-        traffic = [traffic_bytes(w, b // w, s) for b, s in zip(buckets, selected, strict=True)]
+        selected = paper.scape_selected(buckets, w, sparsity)
+        traffic = [
+            paper.traffic_bytes(w, b // w, s) for b, s in zip(buckets, selected, strict=True)
+        ]
         if gpu:
             out[label] = len(buckets) * gpu[label]["scape_total_s"]
             out["dense"] = len(buckets) * gpu[label]["dense_total_s"]

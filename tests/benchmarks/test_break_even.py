@@ -50,19 +50,16 @@ def test_needed_ratio_is_where_the_curve_crosses_the_target():
     assert be._interp(curve, "scape-99/no_overlap", r * 0.8) < be.TARGET
 
 
-def _bench_dir(tmp_path, with_points):
-    if with_points:
-        pts = [{"round": "w2-1gbit", "world_size": 2, "link": "1gbit", "method": m,
-                "comm_over_compute": r, "load_before": 0.3, "load_after": 1.2, "noisy": False,
-                "speedup_vs_dense-no-overlap": s, "speedup_vs_dense-overlap": s * 0.8}
-               for m, r, s in (("dense-no-overlap", 4.0, 1.0), ("scape-99", 0.1, 3.5),
-                               ("scape-90", 2.0, 1.9))]  # fmt: skip
-        (tmp_path / "megatron_step.json").write_text(json.dumps({"points": pts}))
+def _bench_dir(tmp_path, write_sweep, make_point, with_points):
+    if with_points:  # comm / compute = (step - floor) / floor: 4.0 for the dense step
+        write_sweep(tmp_path, [make_point("dense-no-overlap", 0.5, 0.1, 1.0),
+                               make_point("scape-99", 0.11, 0.1, 3.5),
+                               make_point("scape-90", 0.3, 0.1, 1.9)], rounds={})  # fmt: skip
     return tmp_path
 
 
-def test_renders_without_measurements(tmp_path):
-    d = _bench_dir(tmp_path, with_points=False)
+def test_renders_without_measurements(tmp_path, write_sweep, make_point):
+    d = _bench_dir(tmp_path, write_sweep, make_point, with_points=False)
     assert be.main(["--bench-dir", str(d)]) == 0
     assert (d / "break_even.png").stat().st_size > 10_000
     md = (d / "break_even.md").read_text()
@@ -71,12 +68,12 @@ def test_renders_without_measurements(tmp_path):
     assert len(rows) == 1 + len(be.BANDWIDTHS) * len(be.TOKENS)
 
 
-def test_places_each_measurement_at_its_dense_ratio(tmp_path):
-    d = _bench_dir(tmp_path, with_points=True)
+def test_places_each_measurement_at_its_dense_ratio(tmp_path, write_sweep, make_point):
+    d = _bench_dir(tmp_path, write_sweep, make_point, with_points=True)
     assert be.main(["--bench-dir", str(d)]) == 0
     summary = json.loads((d / "break_even.json").read_text())
     (m,) = summary["measured"]
-    assert m["comm_over_compute"] == 4.0  # the dense step's ratio, not SCAPE's
+    assert m["comm_over_compute"] == pytest.approx(4.0)  # the dense step's ratio, not SCAPE's
     assert m["scape-99/no_overlap"] == 3.5 and m["scape-99/full_overlap"] == pytest.approx(2.8)
     curve = be.ratio_curve(Assumptions())
     assert m["scape-99/no_overlap/projected"] == pytest.approx(

@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.bytes import MEASURED_METHODS, paper_scale_bytes, scape_formula
-from benchmarks.scale import megatron_buckets
+from benchmarks.harness.paper import megatron_buckets
 from scape.comm import step_bytes_per_rank
 
 

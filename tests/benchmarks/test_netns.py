@@ -4,9 +4,10 @@ run through namespaces (on loopback when namespaces are not available)."""
 import subprocess
 
 from benchmarks import bytes as bench_bytes
-from benchmarks import netns
-from benchmarks.launch import launch_ranks
-from benchmarks.netns import Cluster, LinkSpec, skip_reason
+from benchmarks.harness import netns
+from benchmarks.harness.bytecount import bytecount_worker
+from benchmarks.harness.launch import launch_ranks
+from benchmarks.harness.netns import Cluster, LinkSpec, skip_reason
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "ffn": 64, "seq": 8, "batch": 1}
 
@@ -51,12 +52,12 @@ def test_two_rank_smoke(tmp_path):
     if reason is None:
         with Cluster(2, LinkSpec(1000)) as c:
             names = [c.switch_ns, *c.rank_ns]
-            results = launch_ranks("benchmarks.rank_main", spec, tmp_path, world_size=2,
-                                   cluster=c, timeout_s=300)  # fmt: skip
+            results = launch_ranks(bytecount_worker, spec, tmp_path, world_size=2, cluster=c,
+                                   timeout_s=300)  # fmt: skip
         assert not any(n in _netns_list() for n in names), "namespaces left behind"
         assert all(row["tx_bytes"] > 0 for row in results[0]["steps"])
     else:
-        results = launch_ranks("benchmarks.rank_main", spec, tmp_path, world_size=2, timeout_s=300)
+        results = launch_ranks(bytecount_worker, spec, tmp_path, world_size=2, timeout_s=300)
     summary = bench_bytes.summarize_measured(results, methods)
     dense, scape = summary["methods"]["dense-adams"], summary["methods"]["scape-99"]
     # Dense ZeRO-1 at W=2, fp32 on CPU: each collective of padded * 4 bytes, half of it per rank.

@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from benchmarks.overhead import gpu_model, measure, traffic_bytes
+from benchmarks.harness.paper import traffic_bytes
+from benchmarks.overhead import gpu_model, measure
 
 
 def test_every_part_runs_on_a_toy_bucket():

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from benchmarks import netns, peers_cluster
+from benchmarks import peers_cluster
+from benchmarks.harness import netns
 from benchmarks.peers_cluster import overrides_for, run_stats, summarize
 
 # The machine may be shared (studies, other tests): these check function, not speed.
@@ -117,10 +118,11 @@ def test_loopback_run_adams_vs_dgc99(tmp_path, capsys, prepared_default):
 
 
 def test_a_crashing_method_is_recorded_and_the_sweep_goes_on(monkeypatch, tmp_path, capsys):
-    from benchmarks.launch import LaunchError
+    from benchmarks.harness.launch import LaunchError
+    from benchmarks.harness.workers import pretrain_worker
 
-    def fake_launch(module, spec, out_dir, *, world_size, cluster=None, timeout_s):
-        assert module == "benchmarks.pretrain_rank" and cluster is None
+    def fake_launch(worker, spec, out_dir, *, world_size, cluster=None, timeout_s):
+        assert worker is pretrain_worker and cluster is None
         out_dir.mkdir(parents=True, exist_ok=True)
         if "optimizer=powersgd_r1" in spec["overrides"]:
             (out_dir / "rank0.log").write_text(

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.costmodel import ring_time
-from benchmarks.overhead import SCAPE_STEP, traffic_bytes
+from benchmarks.harness.paper import SCAPE_STEP, traffic_bytes
 from benchmarks.projection import (
     Assumptions,
     comm_seconds,
@@ -19,9 +18,14 @@ A = Assumptions()
 N = 80_000_000  # two full 40M buckets at W=32: shards of 1.25M
 
 
+def ring_time(nbytes: float, world: int, a: Assumptions) -> float:
+    """One ring reduce-scatter (input) / all-gather (output): W-1 steps of T/W bytes each."""
+    return (world - 1) * a.alpha_s + (world - 1) / world * nbytes / a.bandwidth_Bps
+
+
 def test_dense_comm_is_two_rings_per_bucket():
     got = comm_seconds(N, None, A)
-    per_bucket = ring_time(40_000_000 * 2, 32, A.link)
+    per_bucket = ring_time(40_000_000 * 2, 32, A)
     assert got["grad_sync"] == pytest.approx(2 * per_bucket)
     assert got["param_sync"] == pytest.approx(2 * per_bucket)
     assert got["mask"] == 0.0
@@ -31,11 +35,11 @@ def test_scape_comm_is_one_all_reduce_per_bucket_and_one_mask_all_gather_per_ste
     got = comm_seconds(N, 0.99, A)
     values = (32 * 12_500 + 1) * 2  # W shards of 1 coefficient per 100 entries + the flag, bf16
     # an all-reduce is a reduce-scatter pass and an all-gather pass of the same buffer
-    assert got["grad_sync"] == pytest.approx(2 * ring_time(values, 32, A.link))
-    assert got["param_sync"] == pytest.approx(2 * ring_time(values, 32, A.link))
-    assert got["mask"] == pytest.approx(ring_time(2 * 32 * 12_500, 32, A.link))  # 1 byte each
+    assert got["grad_sync"] == pytest.approx(2 * ring_time(values, 32, A))
+    assert got["param_sync"] == pytest.approx(2 * ring_time(values, 32, A))
+    assert got["mask"] == pytest.approx(ring_time(2 * 32 * 12_500, 32, A))  # 1 byte each
     fp32 = comm_seconds(N, 0.99, Assumptions(scape_value_bytes=4))
-    assert fp32["grad_sync"] == pytest.approx(2 * ring_time(2 * values, 32, A.link))
+    assert fp32["grad_sync"] == pytest.approx(2 * ring_time(2 * values, 32, A))
 
 
 def test_modeled_optimizer_work_updates_every_entry_on_every_rank():

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from benchmarks import quiet
-from benchmarks.quiet import Protocol, run_round
+from benchmarks.harness import quiet
+from benchmarks.harness.quiet import Protocol, run_round
 
 
 def _detached(code: str, *argv: str) -> int:

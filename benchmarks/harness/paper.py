@@ -1,4 +1,4 @@
-"""Bytes per rank per step at the paper's scale: Megatron's buckets and the two exchanges.
+"""The paper's scale, by formula: Megatron's buckets, both methods' bytes, the optimizers' traffic.
 
 No measurement: the same formulas the communicators count with (ring accounting, (W-1)/W of
 a collective's size per rank), applied to Megatron's bucket rule at W ranks. SCAPE's side is
@@ -11,6 +11,9 @@ adapter's counters are tested against, so a table here cannot drift from what ru
   coefficients and a finite flag (booked half as gradient sync, half as what the abstract
   calls parameter reconstruction: there is no parameter all-gather), and per step one
   all-gather of the next step's masks, one byte per selected coefficient.
+
+:func:`traffic_bytes` is the optimizer side's memory traffic per bucket (what fused GPU
+kernels would move), which the projection turns into GPU time at an assumed HBM bandwidth.
 """
 
 from __future__ import annotations
@@ -21,16 +24,11 @@ from scape.basis import selected_count
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
 
-__all__ = [
-    "PAPER_MODELS",
-    "dense_bytes",
-    "megatron_buckets",
-    "scape_bytes",
-    "scape_selected",
-    "totals",
-]
+__all__ = ["PAPER_MODELS", "SCAPE_STEP", "dense_bytes", "megatron_buckets", "scape_bytes",
+           "scape_selected", "selected_per_shard", "totals", "traffic_bytes"]  # fmt: skip
 
 PAPER_MODELS = ("gpt-345m", "llama-500m", "llama-1.8b")
+SCAPE_STEP = "R6"  # the library's step these formulas and overhead.json's timings are for
 VALUE_KINDS = (GRAD_VALUES, PARAM_VALUES)
 
 
@@ -44,10 +42,15 @@ def megatron_buckets(n_params: int, world_size: int) -> list[int]:
     return [math.ceil(s / pad) * pad for s in sizes]
 
 
-def scape_selected(buckets: list[int], world_size: int, sparsity: float) -> list[int]:
-    """Coefficients each shard of each bucket sends at ``sparsity`` (the config's chunk and k)."""
+def selected_per_shard(shards: list[int], sparsity: float) -> list[int]:
+    """Coefficients a shard of each size sends at ``sparsity`` (the config's chunk and k)."""
     cfg = ScapeConfig.for_sparsity(sparsity)
-    return [selected_count(b // world_size, cfg.chunk, cfg.k) for b in buckets]
+    return [selected_count(s, cfg.chunk, cfg.k) for s in shards]
+
+
+def scape_selected(buckets: list[int], world_size: int, sparsity: float) -> list[int]:
+    """Coefficients each shard of each bucket sends at ``sparsity``."""
+    return selected_per_shard([b // world_size for b in buckets], sparsity)
 
 
 def dense_bytes(n_params: int, world_size: int, value_nbytes: int = 2) -> dict[str, float]:
@@ -71,3 +74,21 @@ def totals(entry: dict[str, float], dense_total: float) -> dict[str, float]:
     total = values + entry.get(MASKS, 0.0)
     return {"total": total, "dense_over_this": dense_total / total,
             "this_over_value_limit": total / values}  # fmt: skip
+
+
+def traffic_bytes(world: int, shard: int, selected: int,
+                  value_nbytes: int = 2) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Bytes each optimizer-side part reads+writes for one bucket (fp32 state, int64 mask
+    offsets): SCAPE's parts on every rank (it updates all W*S entries), dense ZeRO-1's."""
+    n, wn = world * shard, world * selected
+    return {
+        "scape": {
+            "select": 4 * shard * 3 + 8 * selected,  # moment -> coefficients -> top-k
+            "accumulate": 12 * n,  # m, g -> candidate
+            "pack": 4 * n + wn * (8 + 4 + value_nbytes),  # candidate at the masks -> wire
+            "commit": 16 * n + wn * (value_nbytes + 12),  # wire -> removed; m = cand - removed
+            # synced -> q block, decay and update while it is in cache: v and params r/w
+            "step": 16 * n + wn * (value_nbytes + 12),
+        },
+        "dense": {"scale": 8 * n, "update": shard * (4 * 2 * 2 + 4 + 16)},
+    }

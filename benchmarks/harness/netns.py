@@ -56,11 +56,8 @@ class LinkSpec:
 
     @property
     def label(self) -> str:
-        return (
-            f"{self.rate_mbit / 1000:g}gbit"
-            if self.rate_mbit >= 1000
-            else f"{self.rate_mbit:g}mbit"
-        )
+        r = self.rate_mbit
+        return f"{r / 1000:g}gbit" if r >= 1000 else f"{r:g}mbit"
 
     def tbf_args(self) -> list[str]:
         return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(self.burst),
@@ -77,9 +74,7 @@ def _run(argv: list[str]) -> str:
 def skip_reason() -> str | None:
     """Why the emulated cluster cannot run here, or None when it can."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return (
-            "not root: the emulated cluster creates network namespaces (run `make bench` as root)"
-        )
+        return "not root: the emulated cluster needs network namespaces (run it as root)"
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"`{tool}` (iproute2) not found: the emulated cluster needs ip and tc"
@@ -98,7 +93,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, and not ours
         return True
     return True
 
@@ -183,12 +178,11 @@ class Cluster:
         """``argv`` run inside rank ``rank``'s namespace."""
         return ["ip", "netns", "exec", self.rank_ns[rank], *argv]
 
-    def qdisc_stats(self) -> str:
-        """tc's view of the shapers (sent bytes, drops, overlimits), for the log."""
-        lines = []
-        for ns in [*self.rank_ns, self.switch_ns]:
-            lines.append(f"# {ns}\n" + _run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"]))
-        return "\n".join(lines)
+    def dropped_packets(self) -> int:
+        """Packets the shapers dropped so far (tc's statistics), for the record."""
+        stats = "".join(_run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])
+                        for ns in [*self.rank_ns, self.switch_ns])  # fmt: skip
+        return sum(int(n) for n in re.findall(r"dropped (\d+)", stats))
 
     def __enter__(self) -> Cluster:
         return self.up()

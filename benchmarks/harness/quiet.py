@@ -1,36 +1,21 @@
-"""The quiet-machine protocol every benchmark follows (issue 14, item 6).
+"""The quiet-machine protocol every timing benchmark follows.
 
-Timings on a shared machine are mostly other jobs' time (the committed x1.88 / x1.12 of
-the first emulated cluster were measured at load 11-14). So every benchmark entry point:
+Timings on a shared machine are mostly other jobs' time, so every timing entry point:
 
-1. **refuses to start beside a study, the tests or another benchmark**
-   (:func:`require_quiet`): it scans ``/proc`` for such processes outside its own process
-   tree and exits with a one-line error naming them, unless ``--allow-busy`` is given (then
-   the rounds are still judged below, and marked noisy when they were disturbed);
-2. **runs in rounds** (:func:`run_round`), each recorded with the 1-minute load average
-   before and after it and the CPU that *other* processes used while it ran:
+1. refuses to start beside a study, the tests or another benchmark (:func:`require_quiet`
+   scans ``/proc`` outside its own process tree), unless ``--allow-busy``;
+2. runs in rounds (:func:`run_round`), each recorded with the 1-minute load average before
+   and after it, the CPU that *other* processes used meanwhile, and a host speed probe
+   (:func:`host_speed_ms`, a fixed one-thread workload: this virtual machine's speed
+   drifts while the load average stays low). Before a round it waits (at most
+   ``settle_s``) for the load to drop to ``max_load``; a round whose load before was higher,
+   during which others used more than ``max_other_cores``, or which found itself disturbed,
+   is re-run at most ``retries`` times, then kept and marked ``noisy`` with the reason.
 
-   * before a round it waits (at most ``settle_s``) for the 1-minute load to drop to
-     ``max_load`` (1.5 on this 2-core machine): the previous round's own ranks still count
-     in the average for a minute after they exit;
-   * a round is re-run, at most ``retries`` times, when its load before was above
-     ``max_load`` or other processes used more than ``max_other_cores`` cores on average
-     while it ran; after the last try it is kept and marked ``noisy`` with the reason.
-
-3. **records the host's speed** before and after each round (:func:`host_speed_ms`: a fixed
-   single-thread workload of streaming adds and small matrix products). This 2-core
-   virtual machine's speed changes by up to x1.6 within an hour, and by more between
-   sessions' machines, while the load average and the CPU steal time stay low (a neighbour
-   on the host, or its clock): the probe makes that visible next to every figure. It does
-   not judge a round (a steady but slow host times every method of a round alike);
-   comparisons are made within a round.
-
-The load *after* a round includes the benchmark's own ranks (4 ranks on 2 cores make a
-load of ~4 by themselves), so it is recorded and shown, not used to judge the round; the
-CPU time of other processes is the direct measure of interference. It is read from
-``/proc/<pid>/stat`` of every user-space process alive at the end of the round that is
-neither this process, one of its ancestors, nor a child it started (kernel threads are
-left out: they include the network stack working for the benchmark itself).
+The load *after* a round includes the benchmark's own ranks, so it is shown, not judged.
+Other processes' CPU comes from ``/proc/<pid>/stat`` of user-space processes that are
+neither this one, its ancestors nor its children (kernel threads are left out: they
+include the network stack working for the benchmark itself).
 """
 
 from __future__ import annotations
@@ -240,22 +225,12 @@ class Protocol:
         return load, time.monotonic() - start
 
 
-def run_round(
-    name: str,
-    fn: Callable[[], dict[str, Any]],
-    protocol: Protocol,
-    deadline: float | None = None,
-) -> dict[str, Any]:
-    """Run ``fn`` (one benchmark round, returning its JSON record) under the protocol.
-
-    A record's own ``disturbed`` (a reason the round found in its figures, e.g. two passes of
-    the same steps that disagree) counts like a load or CPU disturbance.
-
-    Returns the last attempt's record plus ``quiet``: every attempt's load before/after,
-    other processes' cores, settle wait and verdict, and ``noisy`` (with ``noisy_reason``)
-    when even the last try was disturbed. No re-run starts after ``deadline``
-    (``time.monotonic()``), which bounds a benchmark's duration.
-    """
+def run_round(name: str, fn: Callable[[], dict[str, Any]], protocol: Protocol,
+              deadline: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``fn`` (one round, returning its JSON record) under the protocol; a record's own
+    ``disturbed`` (a reason found in its figures) counts like load. Returns the last
+    attempt's record plus ``quiet``: every attempt's load, other cores, probe and verdict,
+    and ``noisy`` (with ``noisy_reason``). No re-run starts after ``deadline`` (monotonic)."""
     attempts: list[dict[str, Any]] = []
     record: dict[str, Any] = {}
     for attempt in range(protocol.retries + 1):
@@ -299,32 +274,31 @@ def run_round(
     return record
 
 
+def host() -> dict[str, Any]:
+    """What the timings ran on, for the record beside them."""
+    import platform
+
+    import torch
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "machine": platform.machine()}  # fmt: skip
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The protocol's command-line options, the same for every benchmark."""
-    g = parser.add_argument_group("quiet-machine protocol (benchmarks/quiet.py)")
-    g.add_argument(
-        "--allow-busy",
-        action="store_true",
-        help="run beside studies/tests/benchmarks (disturbed rounds are marked noisy)",
-    )
-    g.add_argument(
-        "--max-load",
-        type=float,
-        default=Protocol.max_load,
-        help="1-min load above which a round is re-run (default %(default)s)",
-    )
-    g.add_argument(
-        "--max-other-cores",
-        type=float,
-        default=Protocol.max_other_cores,
-        help="other processes' average cores above which a round is re-run",
-    )
-    g.add_argument(
-        "--retries",
-        type=int,
-        default=Protocol.retries,
-        help="re-runs of a disturbed round before it is kept as noisy",
-    )
+    g = parser.add_argument_group("quiet-machine protocol (benchmarks/harness/quiet.py)")
+    g.add_argument("--allow-busy", action="store_true",
+                   help="run beside studies/tests/benchmarks (disturbed rounds are marked noisy)")  # fmt: skip
+    g.add_argument("--max-load", type=float, default=Protocol.max_load,
+                   help="1-min load above which a round is re-run (default %(default)s)")  # fmt: skip
+    g.add_argument("--max-other-cores", type=float, default=Protocol.max_other_cores,
+                   help="other processes' average cores above which a round is re-run")  # fmt: skip
+    g.add_argument("--retries", type=int, default=Protocol.retries,
+                   help="re-runs of a disturbed round before it is kept as noisy")  # fmt: skip
     g.add_argument("--settle-s", type=float, default=Protocol.settle_s,
                    help="longest wait before a round for the load to drop")  # fmt: skip
 

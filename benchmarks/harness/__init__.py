@@ -1,0 +1,11 @@
+"""The benchmarks' machinery; the entry points (``python -m benchmarks.<name>``) sit above.
+
+launch     one process per rank (in its namespace or on loopback), the one rank entry
+workers    the pretrain-stage rank workers: the step timer and the trainer
+bytecount  the byte count's rank worker: every method through Megatron's train step
+netns      the emulated cluster: namespaces, bridge, veths and tbf shapers
+quiet      the quiet-machine protocol (load, host probe, re-runs, noisy)
+records    the step sweep's records and their one (de)serializer
+paper      the paper's scale by formula: buckets, bytes, optimizer traffic
+steptime   Megatron step time of one method (``scripts/gpu_check.py``)
+"""
