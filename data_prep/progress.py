@@ -132,7 +132,7 @@ class Progress:
                 self._bar.set_postfix(
                     {k: _format_figure(v) for k, v in self.figures.items()}, refresh=False
                 )
-            if done > self.done:
+            if done != self.done:  # back too: a resumed run restarts at its checkpoint
                 self._bar.update(done - self.done)
             self.done = done
             return
@@ -154,7 +154,8 @@ class Progress:
         since = self._start if self._last_line is None else self._last_line
         done_then = self._printed_done
         seconds = now - since
-        rate = (self.done - done_then) / seconds if seconds > 0 else 0.0
+        # max: a resumed count may step back to its checkpoint
+        rate = max(0, self.done - done_then) / seconds if seconds > 0 else 0.0
         parts.append(f"{rate:.2f} {self.unit}/s")
         parts.append(f"elapsed {_format_elapsed(elapsed)}")
         return ", ".join(parts)

@@ -60,7 +60,10 @@ class _Progress:
 
     def __init__(self, path: Path, total: int, enabled: bool, label: str) -> None:
         self.path = path
-        self.progress = Progress(total, label, unit="step", enabled=enabled)
+        # a resumed run's earlier steps are not this session's: the rate counts from there
+        done = read_metrics(path) if enabled else []
+        initial = int(done[-1]["step"]) if done else 0
+        self.progress = Progress(total, label, unit="step", enabled=enabled, initial=initial)
 
     def __call__(self) -> None:
         if not self.progress.enabled:

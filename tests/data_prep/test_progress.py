@@ -118,3 +118,18 @@ def test_a_run_redirected_to_a_file_has_no_carriage_returns_even_from_other_bars
     assert "Tokenizing inputs" not in text
     assert "terminal bar drawn: True" in text
     assert sum(line.startswith("train: ") for line in text.splitlines()) == 20
+
+
+def test_a_count_that_steps_back_to_a_checkpoint_is_followed_on_both_displays():
+    screen = _Terminal()
+    with Progress(10, "run", stream=screen, initial=7) as progress:
+        progress.advance_to(5)  # metrics past the checkpoint at 5 were dropped on resume
+        progress.advance_to(6)
+    assert " 6/10 " in screen.getvalue().split("\r")[-1]  # the bar's last frame
+    log = io.StringIO()
+    with Progress(10, "run", stream=log, initial=7, every_s=0) as progress:
+        progress.advance_to(5)
+        progress.advance_to(6)
+    lines = log.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["run: 5/10 it", "run: 6/10 it"]
+    assert ", 0.00 it/s," in lines[0]  # not a negative rate
