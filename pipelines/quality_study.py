@@ -86,7 +86,7 @@ def study_notes(cfg: QualityStudyConfig) -> str:
         f"{s.seq_length} tokens per step ({tokens:,} tokens), horizons as run ({s.steps} by "
         f"default); lr {s.lr:g} -> {s.min_lr:g} times the run's lr scale (warm-up "
         f"{s.warmup_steps}, cosine), wd {s.weight_decay}, betas ({s.beta1}, {s.beta2}), clip "
-        f"{s.max_grad_norm} for every arm: the dense references clip their reduced gradient, "
+        f"{s.clip_grad} for every arm: the dense references clip their reduced gradient, "
         f"SCAPE its update q, by Megatron's rule (runs made before commit stamping: SCAPE "
         f"clipped nothing; the local-moment readings still clip nothing); data "
         f"`{cfg.data_dir}`. Final val loss: the whole validation split after the last step. "

@@ -20,11 +20,46 @@ only differ in *which* entries are updated, never in how.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
-__all__ = ["AdamS", "adams_update_", "adams_update_foreach_", "apply_weight_decay_"]
+__all__ = [
+    "AdamHParams",
+    "AdamS",
+    "adams_update_",
+    "adams_update_foreach_",
+    "apply_weight_decay_",
+]
+
+
+@dataclass
+class AdamHParams:
+    """The hyper-parameters AdamW, AdamS and SCAPE share, defined here once.
+
+    The Megatron adapter's ``OptimizerSpec``, the pretrain stage's ``OptimizerConfig`` and the
+    quality study's ``ScaleConfig`` extend this class instead of spelling the fields again
+    (``tests/test_hparams_once.py`` checks). Not frozen: Hydra's structured configs extend
+    it and must stay writable. Defaults: GPT-2's under Megatron (AdamW's, per the AdamS paper).
+    """
+
+    lr: float = 6e-4  # peak learning rate, after warm-up
+    min_lr: float = 6e-5  # where the cosine decay ends
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # decoupled; Megatron's groups exempt biases and norms
+    clip_grad: float = 1.0  # max global gradient norm; 0 turns clipping off
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return (self.beta1, self.beta2)
+
+    def shared(self) -> dict[str, float]:
+        """These fields of any config that extends this class, as keyword arguments for
+        another one (e.g. the pretrain stage's ``OptimizerConfig`` -> ``OptimizerSpec``)."""
+        return {f.name: getattr(self, f.name) for f in fields(AdamHParams)}
 
 
 def apply_weight_decay_(param: Tensor, *, lr: float, weight_decay: float) -> None:

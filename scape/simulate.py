@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from scape.adams import AdamS
+from scape.adams import AdamHParams, AdamS
 from scape.basis import ShardBasis
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
@@ -58,13 +58,20 @@ def default_decay_filter(name: str, param: Tensor) -> bool:
     return param.ndim >= 2
 
 
-@dataclass(frozen=True)
-class OptimizerHParams:
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    max_grad_norm: float | None = None
+def OptimizerHParams(  # named as the class it was: the simulator's AdamHParams constructor
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.1,
+    max_grad_norm: float | None = None,
+) -> AdamHParams:
+    """:class:`scape.adams.AdamHParams` (the one definition of these fields) in the
+    simulator's terms: betas as a pair, ``max_grad_norm`` None for no clipping (``clip_grad``
+    0), and a constant lr (``step`` takes the schedule's lr per step, so min_lr is unused)."""
+    return AdamHParams(
+        lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay,
+        clip_grad=max_grad_norm or 0.0,
+    )  # fmt: skip
 
 
 @dataclass
@@ -87,7 +94,7 @@ class Simulator:
         world_size: int,
         *,
         method: str = "scape",
-        hparams: OptimizerHParams = OptimizerHParams(),
+        hparams: AdamHParams | None = None,
         scape: ScapeConfig | None = None,
         layout: FlatLayout | None = None,
         decay_filter: Callable[[str, Tensor], bool] = default_decay_filter,
@@ -96,6 +103,7 @@ class Simulator:
             raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        hparams = hparams if hparams is not None else OptimizerHParams()
         self.model, self.world_size, self.method, self.hp = model, world_size, method, hparams
         self.scape = scape if scape is not None else ScapeConfig()
         self.step_count = 0
@@ -242,7 +250,7 @@ class Simulator:
             for p in self.params:
                 p.grad = None
             return StepResult(self.step_count, loss, float(norm), True, bytes_)
-        coeff = clip_coefficient(norm, self.hp.max_grad_norm)
+        coeff = clip_coefficient(norm, self.hp.clip_grad)
         if coeff is not None:
             for p in self.params:
                 p.grad.mul_(coeff)
@@ -315,7 +323,7 @@ class Simulator:
             return StepResult(t, loss, float("nan"), True, bytes_)
         self.updates += 1
         norm = sum(buffer_sq_norm(s) for s in synced) ** 0.5  # ||q||, before clipping
-        clip = clip_coefficient(norm, hp.max_grad_norm)
+        clip = clip_coefficient(norm, hp.clip_grad)
         for b, (start, end) in enumerate(self.layout.buckets):
             basis = None if dense else self.bases[b]
             masks = None if dense else self.masks[b]

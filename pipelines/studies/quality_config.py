@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from scape.config import ScapeConfig
+from scape.adams import AdamHParams
+from scape.config import ScapeConfig, coefficients_per_chunk, density_of
 
 METHODS = ("adamw", "adams", "scape", "reading")
 
@@ -43,9 +44,7 @@ class ModelSpec:
 
 
 @dataclass
-class ScaleConfig:
-    """How big and how long: the part of a study that the machine's budget decides."""
-
+class _ScaleShape:
     name: str = MISSING
     models: list[ModelSpec] = field(default_factory=list)
     world_size: int = 4
@@ -55,13 +54,16 @@ class ScaleConfig:
     warmup_steps: int = 20  # linear lr warm-up, then cosine to min_lr
     eval_interval: int = 50  # validation loss every this many steps (and at the end)
     val_max_sequences: int | None = None  # curve points on this many (None: all); final: all
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
+
+
+# Bases listed last come first in the fields (and in `--cfg job`): the shape, then the shared
+# hyper-parameters, then the device.
+@dataclass
+class ScaleConfig(AdamHParams, _ScaleShape):
+    """How big and how long: the part of a study that the machine's budget decides, with the
+    optimizer hyper-parameters every arm shares (:class:`scape.adams.AdamHParams`; each
+    preset under conf/quality/scale/ sets its own lr and min_lr)."""
+
     device: str = "cpu"  # "cuda" runs the model and the simulator's state on the GPU
 
 
@@ -72,8 +74,9 @@ class VariantSpec:
     ``method``: ``adamw`` / ``adams`` (dense references), ``scape`` (the library's step,
     ``options`` are :class:`scape.config.ScapeConfig` fields) or ``reading`` (a study-only
     reading of the abstract, ``options`` are :class:`pipelines.studies.readings.ReadingConfig`
-    fields). ``core`` variants run with every seed of the study, the others with
-    ``ablation_seeds``.
+    fields). Either way the options say ``sparsity`` (0.99: 1% of the values sent), never the
+    code's ``k`` per chunk or ``density``: :meth:`run_options` converts. ``core`` variants run
+    with every seed of the study, the others with ``ablation_seeds``.
     """
 
     method: str = MISSING
@@ -86,16 +89,41 @@ class VariantSpec:
             raise ValueError(f"method={self.method!r}: use one of {', '.join(METHODS)}")
         if self.method in ("adamw", "adams") and self.options:
             raise ValueError(f"the dense method {self.method!r} takes no options")
+        for key in ("k", "density"):
+            if key in self.options:
+                raise ValueError(
+                    f"options.{key}={self.options[key]}: write options.sparsity instead "
+                    "(0.99 = 1% of the values sent; chunks of `chunk` entries, 0: the whole shard)"
+                )
+
+    def run_options(self) -> dict[str, Any]:
+        """The options as the code takes them: ``sparsity`` turned into ``k`` per chunk (or,
+        for whole-shard readings, ``chunk: 0``, into ``k: 0`` and a ``density``). Run
+        fingerprints hash these, so runs stored before options said ``sparsity`` match."""
+        options = dict(self.options)
+        if self.method not in ("scape", "reading") or "sparsity" not in options:
+            return options
+        sparsity = options.pop("sparsity")
+        if self.method == "scape":
+            chunk = options.get("chunk", ScapeConfig.chunk)
+        else:
+            from pipelines.studies.readings import ReadingConfig  # torch: only when needed
+
+            chunk = options.get("chunk", ReadingConfig.chunk)
+        if chunk == 0:  # a reading's whole-shard mask: k follows from the shard's size
+            return {**options, "k": 0, "density": density_of(sparsity)}
+        return {**options, "k": coefficients_per_chunk(sparsity, chunk)}
 
     def exchanged_density(self) -> float:
         """Fraction of values exchanged per step (1 for the dense methods)."""
+        options = self.run_options()
         if self.method == "scape":
-            cfg = ScapeConfig(**self.options)
+            cfg = ScapeConfig(**options)
             return 1.0 if cfg.dense_warmup_steps >= 10**6 else cfg.density
         if self.method == "reading":
-            chunk, k = self.options.get("chunk", 64), self.options.get("k", 1)
+            chunk, k = options.get("chunk", 64), options.get("k", 1)
             if chunk == 0 or k == 0:
-                return self.options.get("density", 0.01)
+                return options.get("density", 0.01)
             return k / chunk
         return 1.0
 
@@ -160,11 +188,12 @@ class RunSpec:
         """Hash of the settings (not of labels or paths), stored in the run's header."""
         payload = {
             "model": asdict(self.model),
-            "variant": {"method": self.variant.method, "options": self.variant.options},
+            "variant": {"method": self.variant.method, "options": self.variant.run_options()},
             "seed": self.seed,
             "data": Path(self.data_dir).name,  # the prepared dataset's <corpus>__<tokenizer>
             "scale": {
-                k: v
+                # clip_grad under the name it had when the stored runs were made
+                ("max_grad_norm" if k == "clip_grad" else k): v
                 for k, v in asdict(self.scale).items()
                 # the device only when not the CPU, so CPU runs made before it keep theirs
                 if k not in ("name", "models") and (k != "device" or v != "cpu")
@@ -177,4 +206,4 @@ class RunSpec:
 
 def scape_config(variant: VariantSpec) -> ScapeConfig | None:
     """The library's config of a ``scape`` variant (None for every other method)."""
-    return ScapeConfig(**variant.options) if variant.method == "scape" else None
+    return ScapeConfig(**variant.run_options()) if variant.method == "scape" else None

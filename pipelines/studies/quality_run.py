@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from pipelines.studies.quality_config import RunSpec, ScaleConfig, scape_config
 from pipelines.studies.quality_data import Batch, StudyData
-from scape.simulate import OptimizerHParams, Simulator
+from scape.adams import AdamHParams
+from scape.simulate import Simulator
 
 __all__ = [
     "DivergenceRule",
@@ -170,17 +171,11 @@ def train_run(
     scale = spec.scale
     model = build_model(spec, data.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
-    hparams = OptimizerHParams(
-        lr=scale.lr * spec.lr_scale,
-        betas=(scale.beta1, scale.beta2),
-        eps=scale.eps,
-        weight_decay=scale.weight_decay,
-        max_grad_norm=scale.max_grad_norm,
-    )
+    hparams = AdamHParams(**{**scale.shared(), "lr": scale.lr * spec.lr_scale})
     if spec.variant.method == "reading":
         from pipelines.studies.readings import ReadingConfig, build_reading_simulator
 
-        reading = ReadingConfig(**spec.variant.options)
+        reading = ReadingConfig(**spec.variant.run_options())
         sim = build_reading_simulator(model, scale.world_size, hparams, reading)
     else:
         sim = Simulator(

@@ -226,9 +226,9 @@ class LocalMomentSimulator(_ChunkedSimulator):
         mean_norm = float(fresh.mean(0).norm())
         if not bool(torch.isfinite(fresh).all()):
             return StepResult(t, loss, float("nan"), True, self._shared_bytes(False))
-        if r.local_clip and hp.max_grad_norm:
+        if r.local_clip and hp.clip_grad:
             norms = fresh.norm(dim=1, keepdim=True)
-            fresh = fresh * (hp.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+            fresh = fresh * (hp.clip_grad / (norms + 1e-6)).clamp(max=1.0)
         self.local_m.mul_(r.local_beta).add_(fresh)
         dense = t <= r.dense_warmup_steps
         if dense:
@@ -330,7 +330,7 @@ class OwnerMomentSimulator(_ChunkedSimulator):
             idx = self.mask_idx
         synced = accum.gather(-1, idx.expand(W, -1, -1)).mean(0)  # (n_chunks, k')
         norm = synced.double().square().sum().sqrt().float()
-        coeff = clip_coefficient(norm, hp.max_grad_norm)
+        coeff = clip_coefficient(norm, hp.clip_grad)
         if coeff is not None:
             synced = synced * coeff
         if r.error_feedback:
@@ -435,7 +435,7 @@ class StaleReplicaSimulator(_ChunkedSimulator):
         # Each owner's estimate of its shard: the mean on the mask, its own gradient off it.
         estimate = self._owner_rows(fresh).clone().scatter_(-1, idx, synced)
         norm = estimate.double().square().sum().sqrt().float()
-        coeff = clip_coefficient(norm, hp.max_grad_norm)
+        coeff = clip_coefficient(norm, hp.clip_grad)
         if coeff is not None:
             estimate = estimate * coeff
         owner = self._owner_view().view(self.n_chunks, -1)
@@ -517,7 +517,7 @@ class DGCSimulator(_ChunkedSimulator):
         )  # (W, n_chunks, k) each
         g = torch.zeros_like(v).scatter_(-1, idx, picked).mean(0).view(-1)
         norm = g.double().square().sum().sqrt().float()
-        coeff = clip_coefficient(norm, hp.max_grad_norm)
+        coeff = clip_coefficient(norm, hp.clip_grad)
         if coeff is not None:
             g = g * coeff
         self._decay_params(lr)

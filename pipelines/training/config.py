@@ -8,14 +8,17 @@ divisibility, ...) before any work starts. Tests build these dataclasses directl
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import MISSING
 
 from data_prep.config import DataConfig, TokenizerConfig
-from scape.config import ScapeConfig
+from scape.adams import AdamHParams
+from scape.config import DEFAULT_SPARSITY, ScapeConfig
 
 __all__ = [
     "ClusterConfig",
@@ -26,11 +29,12 @@ __all__ = [
     "PowerSGDOptions",
     "DGCOptions",
     "PretrainConfig",
-    "ScapeOptions",
+    "ScapeSettings",
     "TrainConfig",
     "WandbConfig",
     "compose",
     "register_configs",
+    "scape_config",
     "sparsity_of",
     "validate",
 ]
@@ -64,27 +68,27 @@ class ModelConfig:
     num_query_groups: int | None = None  # None: multi-head attention
 
 
-@dataclass
-class ScapeOptions:
-    """ScapeConfig as users write it: in sparsity (the paper's 90% / 99%), not k per chunk.
+def _as_written(
+    name: str, config: type, *, field: str, written_as: tuple[str, type, object]
+) -> type:
+    """``config``'s fields and defaults as a Hydra structured config, with ``field`` (the
+    library's term) replaced by ``written_as`` (the person's), read off the class itself so
+    that the two cannot drift apart."""
+    hints = typing.get_type_hints(config)
+    fields = [
+        (f.name, hints[f.name], f.default) for f in dataclasses.fields(config) if f.name != field
+    ]
+    cls = dataclasses.make_dataclass(name, [written_as, *fields])
+    cls.__module__ = __name__  # so that pickle (submitit's jobs) finds it here by name
+    return cls
 
-    Each field is :class:`scape.config.ScapeConfig`'s (its docstring says what each does and
-    which are inferred); the defaults are the library's, settled by the reconstruction search.
-    """
 
-    # The library's defaults, read from ScapeConfig so that the two cannot drift apart.
-    sparsity: float = 0.99
-    chunk: int = ScapeConfig.chunk
-    moment_beta: float = ScapeConfig.moment_beta
-    update: str = ScapeConfig.update
-    second_moment_beta: float = ScapeConfig.second_moment_beta
-    dense_warmup_steps: int = ScapeConfig.dense_warmup_steps
-    value_dtype: str = ScapeConfig.value_dtype
-    fuse_buckets: bool = ScapeConfig.fuse_buckets
-
-    def to_scape_config(self) -> ScapeConfig:
-        fields = {k: v for k, v in vars(self).items() if k not in ("sparsity", "chunk")}
-        return ScapeConfig.for_sparsity(self.sparsity, chunk=self.chunk, **fields)
+# What optimizer.scape.* is typed by: ScapeConfig's fields (its docstring says what each does
+# and which are inferred) with sparsity, the paper's 90% / 99%, in place of k per chunk.
+# scape_config() turns it into the library's ScapeConfig.
+ScapeSettings = _as_written(
+    "ScapeSettings", ScapeConfig, field="k", written_as=("sparsity", float, DEFAULT_SPARSITY)
+)
 
 
 @dataclass
@@ -118,17 +122,19 @@ class OneBitOptions:
 
 
 @dataclass
-class OptimizerConfig:
+class _OptimizerName:
     name: str = MISSING  # adamw | adams | scape | powersgd | dgc | onebit
     label: str = MISSING  # how tables and plots name it, e.g. "SCAPE-99"
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    clip_grad: float = 1.0
-    scape: ScapeOptions = field(default_factory=ScapeOptions)  # only read when name=scape
+
+
+# Bases listed last come first in the fields (and in `--cfg job`): the name, then the shared
+# hyper-parameters, then the method's own options.
+@dataclass
+class OptimizerConfig(AdamHParams, _OptimizerName):
+    """The shared hyper-parameters (lr, min_lr, betas, eps, weight_decay, clip_grad: defined
+    once in :class:`scape.adams.AdamHParams`) and the method's own options."""
+
+    scape: ScapeSettings = field(default_factory=ScapeSettings)  # only read when name=scape
     powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
     dgc: DGCOptions = field(default_factory=DGCOptions)
     onebit: OneBitOptions = field(default_factory=OneBitOptions)
@@ -215,6 +221,15 @@ def sparsity_of(o: OptimizerConfig) -> float:
     return 0.0
 
 
+def scape_config(o: OptimizerConfig) -> ScapeConfig:
+    """The library's config of ``optimizer.scape``; an error names the user's key."""
+    try:
+        return ScapeConfig.from_settings(vars(o.scape))
+    except ValueError as err:
+        # the library names its own class; the user wrote optimizer.scape.<field>
+        raise ConfigError(f"optimizer.scape.{str(err).removeprefix('ScapeConfig.')}") from err
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
@@ -252,10 +267,7 @@ def validate(cfg: PretrainConfig) -> None:
             "must be in [0, 1) (0.9 = 90% of entries not sent)",
         )
     if o.name == "scape":
-        try:
-            o.scape.to_scape_config()
-        except ValueError as err:
-            raise ConfigError(f"optimizer.scape: {err}") from err
+        scape_config(o)
     if o.name in PEERS:
         _validate_peer(cfg)
     if not 0 < o.min_lr <= o.lr:

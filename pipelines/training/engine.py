@@ -14,7 +14,7 @@ import torch
 
 from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.tokenizers import check_model_vocab
-from pipelines.training.config import PEERS, PretrainConfig
+from pipelines.training.config import PEERS, PretrainConfig, scape_config
 from pipelines.training.megatron_engine import MegatronEngine
 
 __all__ = ["build_engine", "model_shape"]
@@ -59,11 +59,7 @@ def build_engine(cfg: PretrainConfig, world_size: int):
         from pipelines.training.peer_engine import build_peer_engine
 
         return build_peer_engine(cfg, model, data_dir, device)
-    spec = OptimizerSpec(
-        kind="adamw" if o.name == "adamw" else "adams",
-        lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-        beta1=o.beta1, beta2=o.beta2, eps=o.eps, clip_grad=o.clip_grad,
-    )  # fmt: skip
+    spec = OptimizerSpec(kind="adamw" if o.name == "adamw" else "adams", **o.shared())
     ddp_kwargs = dict(
         bucket_size=t.bucket_size,
         overlap_grad_reduce=t.overlap_grad_reduce,
@@ -73,9 +69,7 @@ def build_engine(cfg: PretrainConfig, world_size: int):
         from scape.megatron.optimizer import build_scape_optimizer
 
         ddp = wrap_ddp(config, model, **ddp_kwargs)
-        optimizer = build_scape_optimizer(
-            ddp, spec, o.scape.to_scape_config(), bf16=bf16, check_every=0
-        )
+        optimizer = build_scape_optimizer(ddp, spec, scape_config(o), bf16=bf16, check_every=0)
     else:
         ddp = wrap_ddp(config, model, **ddp_kwargs)
         optimizer = build_dense_optimizer(ddp, spec, bf16=bf16)

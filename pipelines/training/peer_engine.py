@@ -63,10 +63,8 @@ def _build_hook(cfg: PretrainConfig, params: list[Tensor]):
         )  # fmt: skip
         return CountedPowerSGD(conf, params=params)
     if o.name == "dgc":
-        conf = DGCConfig(
-            density=round(1.0 - o.dgc.sparsity, 12),
-            momentum=o.dgc.momentum,
-            value_dtype=o.dgc.value_dtype,
+        conf = DGCConfig.for_sparsity(
+            o.dgc.sparsity, momentum=o.dgc.momentum, value_dtype=o.dgc.value_dtype
         )
         return DGCHook(conf, params=params)
     return OneBitHook(OneBitConfig(freeze_step=o.onebit.freeze_step, beta1=o.beta1), params=params)
@@ -78,7 +76,7 @@ def _build_optimizer(cfg: PretrainConfig, model: torch.nn.Module, hook) -> torch
 
     o = cfg.optimizer
     groups = _param_groups(model, o.weight_decay)
-    kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    kwargs = dict(lr=o.lr, betas=o.betas, eps=o.eps)
     if o.name == "onebit":
         return OneBitAdam(groups, hook, mask_unseen=o.onebit.mask_unseen, **kwargs)
     rule = o.powersgd.local_rule if o.name == "powersgd" else o.dgc.local_rule

@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from scape.adams import AdamS
+from scape.adams import AdamHParams, AdamS
 from scape.megatron.cpu_compat import install_cpu_compat
 
 __all__ = ["OptimizerSpec", "build_dense_optimizer", "init_megatron", "wrap_ddp"]
@@ -71,18 +71,12 @@ def wrap_ddp(
     return cls(config, ddp_config, model)
 
 
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """Hyper-parameters shared by the dense baselines and SCAPE (AdamW's, per the AdamS paper)."""
+@dataclass
+class OptimizerSpec(AdamHParams):
+    """The shared hyper-parameters (:class:`scape.adams.AdamHParams`) and which dense rule
+    steps with them (SCAPE ignores ``kind``: its update is its own)."""
 
     kind: Literal["adamw", "adams"] = "adams"
-    lr: float = 6e-4
-    min_lr: float = 6e-5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    clip_grad: float = 1.0
 
 
 def megatron_optimizer_config(spec: OptimizerSpec, *, bf16: bool = False):

@@ -20,12 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from scape.comm import GRAD_VALUES, MASKS, ByteCounter, ring_bytes_per_rank
+from scape.config import density_of
 from scape.peers.buckets import ParamBuffers, ddp_comm_hook
 from scape.shard import WIRE_DTYPES
 
@@ -88,6 +90,11 @@ class DGCConfig:
                 f"DGCConfig.value_dtype must be one of {sorted(WIRE_DTYPES)}, "
                 f"got {self.value_dtype!r}"
             )
+
+    @classmethod
+    def for_sparsity(cls, sparsity: float, **fields: Any) -> DGCConfig:
+        """From the sparsity a person writes (0.99: 1% of the entries sent)."""
+        return cls(density=density_of(sparsity), **fields)
 
 
 class DGCHook:

@@ -10,6 +10,7 @@ import pytest
 from pipelines.quality_study import plan_runs
 from pipelines.studies.quality_config import RunSpec, VariantSpec, scape_config
 from pipelines.studies.readings import ReadingConfig
+from scape.config import ScapeConfig
 
 
 def test_config_composes_and_every_variant_is_valid(compose_study) -> None:
@@ -21,12 +22,12 @@ def test_config_composes_and_every_variant_is_valid(compose_study) -> None:
         built = scape_config(variant)
         assert (built is None) == (variant.method != "scape"), name
         if variant.method == "reading":
-            ReadingConfig(**variant.options)  # a study-only reading: its options validate
+            ReadingConfig(**variant.run_options())  # a study-only reading: its options validate
     assert set(cfg.finalists) <= set(cfg.variants)
     # R0-99 EF is the paper's design as the reference doc infers it (the issue-7 library
     # step); R0-99 differs from it only in error feedback. Explicit, so that a change of the
     # readings' defaults cannot silently change what these rows mean.
-    r0 = ReadingConfig(**cfg.variants["r0_99"].options)
+    r0 = ReadingConfig(**cfg.variants["r0_99"].run_options())
     assert (r0.reading, r0.basis, r0.chunk, r0.k, r0.density) == ("owner", "identity", 0, 0, 0.01)
     assert (r0.statistic, r0.delay_mask, r0.off_mask, r0.age_step) == (
         "momentum",
@@ -35,15 +36,60 @@ def test_config_composes_and_every_variant_is_valid(compose_study) -> None:
         "none",
     )
     assert not r0.error_feedback
-    assert ReadingConfig(**cfg.variants["r0ef_99"].options) == replace(r0, error_feedback=True)
+    assert ReadingConfig(**cfg.variants["r0ef_99"].run_options()) == replace(
+        r0, error_feedback=True
+    )
 
 
 def test_variant_options_are_checked_at_start_up() -> None:
     with pytest.raises(ValueError, match="method='sgd'"):
         VariantSpec(method="sgd")
     with pytest.raises(ValueError, match="takes no options"):
-        VariantSpec(method="adams", options={"k": 1})
-    assert VariantSpec(method="scape", options={"k": 10}).exchanged_density() == 0.1
+        VariantSpec(method="adams", options={"sparsity": 0.99})
+    for key in ("k", "density"):  # the code's counts; a person writes sparsity
+        with pytest.raises(ValueError, match=f"options.{key}=.*write options.sparsity"):
+            VariantSpec(method="reading", options={key: 1})
+    assert VariantSpec(method="scape", options={"sparsity": 0.9}).exchanged_density() == 0.1
+
+
+def test_sparsity_becomes_the_codes_count_per_chunk() -> None:
+    """run_options turns the sparsity a variant says into what the code counts: k per chunk
+    (the scape default's chunk of 100, or a reading's own), or for a whole-shard reading
+    (chunk 0) k 0 and the exact density (1 - 0.9 in binary floating point is not 0.1)."""
+    scape90 = VariantSpec(method="scape", options={"sparsity": 0.9, "update": "sign"})
+    assert scape90.run_options() == {"k": 10, "update": "sign"}
+    assert scape_config(scape90) == ScapeConfig(k=10, update="sign")
+    c200 = VariantSpec(method="scape", options={"chunk": 200, "sparsity": 0.99})
+    assert c200.run_options() == {"chunk": 200, "k": 2}
+    probe = VariantSpec(method="reading", options={"chunk": 64, "sparsity": 0.984375})
+    assert probe.run_options() == {"chunk": 64, "k": 1}
+    dense_limit = VariantSpec(method="reading", options={"chunk": 100, "sparsity": 0.0})
+    assert dense_limit.run_options()["k"] == 100 and dense_limit.exchanged_density() == 1.0
+    r0 = VariantSpec(method="reading", options={"chunk": 0, "sparsity": 0.9})
+    assert r0.run_options() == {"chunk": 0, "k": 0, "density": 0.1}
+    with pytest.raises(ValueError, match="sparsity=0.995 is not a whole number"):
+        VariantSpec(method="scape", options={"sparsity": 0.995}).run_options()
+
+
+def test_stored_runs_keep_their_fingerprints() -> None:
+    """A run's fingerprint hashes the options as the code takes them (and the clip under its
+    old name), so the runs stored while variants said ``k: 1`` / ``density: 0.1`` and the
+    scale said ``max_grad_norm`` are found again (and skipped) now that they say ``sparsity``
+    and ``clip_grad``. The fingerprints are those in the headers of
+    results/quality/runs/gpt__r0_90__s0__t300__lr2.jsonl and gpt__scape99__s0__t300__lr0.5.jsonl."""
+    from pipelines.studies.quality_config import ModelSpec, ScaleConfig
+
+    gpt = ModelSpec(name="gpt", family="gpt")
+    small = ScaleConfig(
+        name="small", models=[gpt], steps=300, eval_interval=25, val_max_sequences=128,
+        lr=3e-3, min_lr=3e-4,
+    )  # fmt: skip
+    data = "data/enwiki_sample__bytebpe1k"
+    r0_90 = VariantSpec(method="reading", options={"reading": "owner", "basis": "identity",
+                                                   "chunk": 0, "sparsity": 0.9})  # fmt: skip
+    scape99 = VariantSpec(method="scape", options={"sparsity": 0.99})
+    assert RunSpec(gpt, "r0_90", r0_90, 0, small, data, 2.0).fingerprint() == "a1701e0efc224fb5"
+    assert RunSpec(gpt, "scape99", scape99, 0, small, data, 0.5).fingerprint() == "5c2b6354941623a1"
 
 
 def test_issue_scale_is_the_issues_10_to_30m_params_and_presets_compose(compose_study) -> None:

@@ -79,12 +79,14 @@ def test_costs_at_the_paper_shape() -> None:
     n, w = 1_800_000_000, 32
     dense = reading_cost(VariantSpec(method="adams"), n, w)
     assert dense.bytes_per_step == pytest.approx(2 * 2 * n * 31 / 32)
-    scape99 = reading_cost(VariantSpec(method="scape", options={"chunk": 100, "k": 1}), n, w)
+    scape99 = reading_cost(
+        VariantSpec(method="scape", options={"chunk": 100, "sparsity": 0.99}), n, w
+    )
     # values 2 x 2 bytes x n / 100, masks one 7-bit offset per selected coefficient
     assert scape99.bytes_per_step == pytest.approx((4 * n / 100 + n / 100 * 7 / 8) * 31 / 32)
     assert dense.bytes_per_step / scape99.bytes_per_step > 80
     assert scape99.memory == pytest.approx(3 * 4 * n)  # moment, fp32 params, second moment
-    dgc = {"reading": "dgc", "basis": "identity", "chunk": 0, "k": 0, "density": 0.01}
+    dgc = {"reading": "dgc", "basis": "identity", "chunk": 0, "sparsity": 0.99}
     dgc99 = reading_cost(VariantSpec(method="reading", options=dgc), n, w)
     # every rank's n / 100 bf16 values and int32 indices, all-gathered to all 32 ranks
     assert dgc99.bytes_per_step == pytest.approx(n / 100 * 6 * 32 * 31 / 32)
@@ -101,8 +103,8 @@ def test_overview_row_per_reading_with_gaps_per_horizon_and_costs() -> None:
         _log("s90", 4.4, 0), _log("s99", 4.8, 0), _log("s99", 3.3, 0, steps=1500),
     ])  # fmt: skip
     variants = {
-        "s90": VariantSpec(method="scape", options={"k": 10}),
-        "s99": VariantSpec(method="scape", options={"k": 1}),
+        "s90": VariantSpec(method="scape", options={"sparsity": 0.9}),
+        "s99": VariantSpec(method="scape", options={"sparsity": 0.99}),
     }
     row = ReadingRow(name="R6", variants=["s90", "s99"], what="a | b", abstract="C1-C5")
     table = overview_table(index, [row], variants, ["m"], [100, 1500], ("x", 10**9, 32))

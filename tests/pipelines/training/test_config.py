@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from pipelines.training.config import CONF_DIR, ConfigError, compose
+from pipelines.training.config import CONF_DIR, ConfigError, compose, scape_config
 from scape.megatron.models import SHAPES, ModelShape
 
 GROUP_FILES = {
@@ -39,8 +39,9 @@ def test_tiny_scale_keeps_the_family():
 def test_every_optimizer_composes(optimizer):
     cfg = compose([f"optimizer={optimizer}"])
     if cfg.optimizer.name == "scape":
-        sc = cfg.optimizer.scape.to_scape_config()
+        sc = scape_config(cfg.optimizer)
         assert sc.density == pytest.approx(1 - cfg.optimizer.scape.sparsity)
+        assert sc.sparsity == cfg.optimizer.scape.sparsity
 
 
 @pytest.mark.parametrize("model", GROUP_FILES["model"])
@@ -80,6 +81,7 @@ def test_vista_account_comes_from_the_environment(monkeypatch):
         ("cluster.ranks_per_node=3", "not divisible"),
         ("optimizer.scape.update=adam", "update='adam' is not one of"),
         ("optimizer.scape.sparsity=0.995", "sparsity=0.995 is not a whole number of coefficients"),
+        ("optimizer.scape.chunk=300", "optimizer.scape.chunk=300 must be in [1, 256]"),
         ("train.precision=fp8", "train.precision='fp8' is not one of fp32, bf16"),
         ("model.hidden_size=130", "divisible by model.num_attention_heads"),
     ],
@@ -103,20 +105,22 @@ def test_conf_dir_is_the_repository_conf():
     assert Path(__file__).resolve().parents[3] / "conf" == CONF_DIR
 
 
-def test_scape_options_expose_every_scape_config_field():
-    """ScapeOptions is ScapeConfig in the user's terms (sparsity for k), field for field, with
-    the library's defaults."""
+def test_optimizer_scape_is_scape_config_with_sparsity_for_k():
+    """optimizer.scape.* is ScapeConfig's fields and defaults, sparsity in place of k, so the
+    library's defaults and the user's cannot drift apart; scape_config converts it."""
     import dataclasses
 
-    from pipelines.training.config import ScapeOptions
+    from pipelines.training.config import ScapeSettings
     from scape.config import ScapeConfig
 
-    options = {f.name: f.default for f in dataclasses.fields(ScapeOptions)}
+    settings = {f.name: f.default for f in dataclasses.fields(ScapeSettings)}
     config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
     k = config.pop("k")
-    assert options.pop("sparsity") == pytest.approx(1 - k / config["chunk"])
-    assert options == config
-    assert ScapeOptions().to_scape_config() == ScapeConfig()
+    assert settings.pop("sparsity") == 1 - k / config["chunk"]
+    assert settings == config
+    assert ScapeConfig.from_settings(vars(ScapeSettings())) == ScapeConfig()
+    cfg = compose(["optimizer=scape90", "optimizer.scape.chunk=50", "optimizer.scape.update=sign"])
+    assert scape_config(cfg.optimizer) == ScapeConfig(chunk=50, k=5, update="sign")
 
 
 @pytest.mark.parametrize(
