@@ -49,6 +49,8 @@ import hashlib
 import json
 import os
 import re
+import statistics
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,7 +63,14 @@ from data_prep.errors import DataPrepError
 from eval.errors import EvalError
 from eval.splits import SplitReader
 
-__all__ = ["TASK_NAMES", "BuildConfig", "build_examples", "ensure_tasks", "write_tasks"]
+__all__ = [
+    "TASK_NAMES",
+    "BuildConfig",
+    "build_examples",
+    "chance_rate",
+    "ensure_tasks",
+    "write_tasks",
+]
 
 BUILDER_VERSION = 1
 TASK_NAMES = ("scape_lastword", "scape_nextsent", "scape_testppl")
@@ -240,6 +249,19 @@ def _key(prepared: PreparedData, cfg: BuildConfig) -> dict[str, Any]:
     }
 
 
+def chance_rate(task: str, rows: list[Example]) -> float | None:
+    """What a guesser that never reads the context scores on ``rows``: for the cloze, always
+    answering the task's most frequent last word (not 0: a frequent word is right by luck);
+    for next-sentence choice, 1 / the number of endings. None for a perplexity task."""
+    if not rows:
+        return None
+    if task == "scape_lastword":
+        return Counter(r["target"] for r in rows).most_common(1)[0][1] / len(rows)
+    if task == "scape_nextsent":
+        return statistics.fmean(1.0 / len(r["endings"]) for r in rows)
+    return None
+
+
 def write_tasks(prepared: PreparedData, cfg: BuildConfig, out_dir: str | Path) -> dict[str, Any]:
     """Build the tasks and write them under `out_dir`; return the manifest."""
     out = Path(out_dir)
@@ -249,7 +271,11 @@ def write_tasks(prepared: PreparedData, cfg: BuildConfig, out_dir: str | Path) -
     for name, rows in tasks.items():
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         _atomic_text(out / f"{name}.jsonl", text)
-        files[name] = {"examples": len(rows), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        files[name] = {
+            "examples": len(rows),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "chance": chance_rate(name, rows),
+        }
     manifest = _key(prepared, cfg) | {"prepared": str(prepared.path), "tasks": files}
     _atomic_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # last: marks complete
     return manifest
@@ -262,7 +288,9 @@ def ensure_tasks(prepared: PreparedData, cfg: BuildConfig, out_dir: str | Path) 
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         key = _key(prepared, cfg)
         if all(manifest.get(k) == v for k, v in key.items()) and all(
-            (Path(out_dir) / f"{name}.jsonl").is_file() for name in TASK_NAMES
+            (Path(out_dir) / f"{name}.jsonl").is_file()
+            and "chance" in manifest.get("tasks", {}).get(name, {})  # older manifests lack it
+            for name in TASK_NAMES
         ):
             return manifest
     return write_tasks(prepared, cfg, out_dir)

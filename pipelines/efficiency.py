@@ -27,18 +27,14 @@ class _Run(Protocol):  # what the tables stage's RunSummary offers
     def bytes_per_step(self, skip: int) -> dict[str, float]: ...
 
 
-def efficiency_table(
-    runs: list[_Run], skip: int, claims: dict[tuple[str, str], str]
-) -> tuple[list[str], list[list[str]], str]:
-    """Header, rows and a one-paragraph note for ``efficiency.{md,csv,tex}``; ``claims``:
-    (experiment, optimizer label) -> the paper's claim for the last column."""
-    header = ["experiment", "optimizer", "MB/step/rank", "grad MB", "param MB", "mask MB", "paper"]
+def efficiency_table(runs: list[_Run], skip: int) -> tuple[list[str], list[list[str]], str]:
+    """Header, rows and a one-paragraph note for ``efficiency.{md,csv,tex}``."""
+    header = ["experiment", "optimizer", "MB/step/rank", "grad MB", "param MB", "mask MB"]
     rows = []
     for r in runs:
         b = r.bytes_per_step(skip)
         rows.append([r.experiment, r.label, f"{sum(b.values()) / 1e6:.3f}",
                      f"{b.get('grad_values', 0.0) / 1e6:.3f}",
                      f"{b.get('param_values', 0.0) / 1e6:.3f}",
-                     f"{b.get('masks', 0.0) / 1e6:.3f}",
-                     claims.get((r.experiment, r.label), "-")])  # fmt: skip
+                     f"{b.get('masks', 0.0) / 1e6:.3f}"])  # fmt: skip
     return header, rows, SPEED_NOTE

@@ -38,21 +38,28 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.dataset import prepared_dir
 from pipelines.efficiency import efficiency_table
 from pipelines.training.config import sparsity_of
+from pipelines.training.provenance import PROVENANCE_FILE, git_version
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
-__all__ = ["CHANCE", "PAPER_CLAIMS", "TablesConfig", "collect_runs", "run"]
+__all__ = [
+    "CHANCE",
+    "PAPER_CLAIMS",
+    "TablesConfig",
+    "at_chance",
+    "chance_of",
+    "collect_runs",
+    "run",
+]
 
-# The abstract's figures: (experiment, optimizer label) -> claim, for the "paper" column.
+# The abstract's figures per experiment, printed in a line of their own under the tables
+# (never as a column beside our rows: they are the paper's claims, not measurements here).
 PAPER_CLAIMS = {
-    ("llama500m_wallclock", "SCAPE-90"): "up to 43.3% less end-to-end time",
-    ("llama500m_wallclock", "SCAPE-99"): "up to 43.3% less end-to-end time",
-    ("llama500m_slimpj_quality", "SCAPE-90"): "quality comparable to dense; up to 43.3% less time",
-    ("llama500m_slimpj_quality", "SCAPE-99"): "quality comparable to dense; up to 43.3% less time",
-    ("llama1p8b_step", "SCAPE-90"): "up to 3.26x per step vs AdamS",
-    ("llama1p8b_step", "SCAPE-99"): "up to 3.26x per step vs AdamS",
-    ("gpt345m_owt_quality", "SCAPE-90"): "val loss and accuracy preserved",
-    ("gpt345m_owt_quality", "SCAPE-99"): "val loss and accuracy preserved",
+    "gpt345m_owt_quality": "SCAPE-90/99 preserve validation loss and downstream accuracy",
+    "llama500m_slimpj_quality": "quality comparable to dense, up to 43.3% less end-to-end time",
+    "llama500m_wallclock": "up to 43.3% less end-to-end time",
+    "llama1p8b_step": "up to 3.26x faster steps than dense AdamS",
 }
+MANIFEST_FILE = "manifest.json"
 BASELINE = "AdamS"
 ORDER = ["AdamW", "AdamS", "SCAPE-90", "SCAPE-99"]
 
@@ -82,6 +89,9 @@ class RunSummary:
     wandb_project: str = "scape-repro"
     wandb_entity: str | None = None
     prepared: Path | None = None  # the prepared data the run trained on
+    run_dir: Path | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)  # the code that made it
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_val_loss(self) -> float | None:
@@ -118,6 +128,7 @@ def collect_runs(root: Path, experiments: list[str]) -> list[RunSummary]:
         cfg = OmegaConf.load(config_path)
         eval_path = run_dir / "eval" / "results.json"
         evaluation = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
+        provenance = run_dir / PROVENANCE_FILE
         sparsity = sparsity_of(cfg.optimizer)
         runs.append(
             RunSummary(
@@ -131,6 +142,9 @@ def collect_runs(root: Path, experiments: list[str]) -> list[RunSummary]:
                 str(cfg.wandb.project),
                 cfg.wandb.entity,
                 prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name),
+                run_dir,
+                json.loads(provenance.read_text()) if provenance.is_file() else {},
+                OmegaConf.to_container(cfg, resolve=False),  # type: ignore[arg-type]
             )
         )
     return sorted(
@@ -153,10 +167,11 @@ def _fmt(value: Any, digits: int = 3) -> str:
 TABLE_METRICS = ("acc", "acc_norm", "bits_per_byte")
 ACCURACIES = ("acc", "acc_norm")
 
-# What guessing scores on each task. Multiple choice: 1 / the number of choices
-# (scape_nextsent: the true next sentence and 3 distractors; ARC items have 3-5 choices,
-# almost all 4). Last-word tasks are scored by exact match of a generated word: guessing
-# gets none right, so their chance rate is 0.
+# What guessing scores on each task, where the run's evaluation did not measure it: 1 / the
+# number of choices for multiple choice (ARC items have 3-5 choices, almost all 4). The
+# local tasks' rates are measured on their own items by the evaluate stage (the manifest's
+# "chance", eval.build_tasks.chance_rate): a last-word cloze is not at 0, since always
+# answering its most frequent word is sometimes right. LAMBADA has no such measure here.
 CHANCE = {
     "scape_nextsent": 0.25,
     "hellaswag": 0.25,
@@ -164,22 +179,29 @@ CHANCE = {
     "arc_challenge": 0.25,
     "piqa": 0.5,
     "winogrande": 0.5,
-    "scape_lastword": 0.0,
-    "lambada_openai": 0.0,
 }
 
 
-def at_chance(task: str, accuracy: float, examples: int | None, sigmas: float) -> bool | None:
+def chance_of(task: str, evaluation: dict[str, Any]) -> float | None:
+    """The task's chance rate: measured by the evaluation when it recorded one, else
+    :data:`CHANCE`'s; None when neither knows it."""
+    measured = ((evaluation.get("local_tasks") or {}).get("tasks") or {}).get(task) or {}
+    return measured.get("chance", CHANCE.get(task))
+
+
+def at_chance(
+    accuracy: float, chance: float | None, examples: int | None, sigmas: float
+) -> bool | None:
     """Is an accuracy within noise of the task's chance rate c? None when c or n is unknown.
 
     Noise is the binomial standard error of a guesser over the task's n items,
-    sqrt(c (1 - c) / n): at chance when |accuracy - c| <= sigmas x that. With c = 0 (a
-    generative task) any correct answer is above chance, so only 0 is at chance.
+    sqrt(c (1 - c) / n), but at least that of one item (1 / n), so a rate measured near 0
+    still leaves room for a lucky answer: at chance when |accuracy - c| <= sigmas x that.
     """
-    chance = CHANCE.get(task)
     if chance is None or not examples:
         return None
-    return abs(accuracy - chance) <= sigmas * math.sqrt(chance * (1 - chance) / examples)
+    noise = max(math.sqrt(chance * (1 - chance) / examples), 1.0 / examples)
+    return abs(accuracy - chance) <= sigmas * noise
 
 
 def _task_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
@@ -198,7 +220,7 @@ def _task_cell(key: str, value: float | None, evaluation: dict[str, Any], sigmas
     task, _, metric = key.partition("/")
     if metric in ACCURACIES:
         examples = ((evaluation.get("tasks") or {}).get(task) or {}).get("examples")
-        if at_chance(task, value, examples, sigmas):
+        if at_chance(value, chance_of(task, evaluation), examples, sigmas):
             return f"at chance ({_fmt(value)})"
     return _fmt(value)
 
@@ -243,7 +265,6 @@ def quality_rows(
         "vs AdamS",
         "vs unigram",
         *task_keys,
-        "paper",
     ]
     base = {r.experiment: r.final_val_loss for r in runs if r.label == BASELINE}
     rows = []
@@ -261,7 +282,6 @@ def quality_rows(
             _fmt(math.exp(loss) if loss is not None and loss < 50 else None, 1), rel or "-",
             f"{gap:+.3f}" if gap is not None else "-",
             *(_task_cell(k, tasks.get(k), r.eval, sigmas) for k in task_keys),
-            PAPER_CLAIMS.get((r.experiment, r.label), "-"),
         ])  # fmt: skip
     return header, rows
 
@@ -293,13 +313,15 @@ def quality_notes(
                     f"{r.experiment} ({r.model}): {BASELINE} ends {abs(gap):.3f} nats {where} "
                     "the unigram level."
                 )
-    tasks = sorted({t for r in runs for t in (r.eval.get("tasks") or {}) if t in CHANCE})
-    if tasks:
-        rates = ", ".join(f"{t} {CHANCE[t]:g}" for t in tasks)
+    rates = {t: chance_of(t, r.eval) for r in runs for t in (r.eval.get("tasks") or {})}
+    rates = {t: c for t, c in sorted(rates.items()) if c is not None}
+    if rates:
+        listed = ", ".join(f"{t} {c:.3f}" for t, c in rates.items())
         notes.append(
             f'"at chance": an accuracy within {sigmas:g} binomial standard errors of its task\'s '
-            f"chance rate c, sqrt(c(1-c)/n) over the task's n items (only 0 counts when c = 0); "
-            f"not a result. Chance rates: {rates}."
+            f"chance rate c, sqrt(c(1-c)/n) over the task's n items (at least 1/n); not a "
+            f"result. Chance rates (the local tasks' measured on their items: a last-word "
+            f"guesser always answering the most frequent word): {listed}."
         )
     return notes
 
@@ -311,6 +333,7 @@ def _write_table(
     rows: list[list[str]],
     caption: str,
     notes: list[str] | None = None,
+    footer: str = "",
 ) -> None:
     with open(out / f"{stem}.csv", "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
@@ -322,8 +345,9 @@ def _write_table(
     notes = notes or []
     md_notes = "".join(f"- {n}\n" for n in notes)
     (out / f"{stem}.md").write_text(
-        f"{caption}\n\n" + "\n".join(md) + "\n" + (f"\nNotes:\n\n{md_notes}" if notes else "")
-    )
+        f"{caption}\n\n" + "\n".join(md) + "\n" + (f"\n{footer}\n" if footer else "")
+        + (f"\nNotes:\n\n{md_notes}" if notes else "")
+    )  # fmt: skip
 
     def tex(s: str) -> str:
         return s.replace("%", r"\%").replace("_", r"\_").replace("#", r"\#")
@@ -334,6 +358,7 @@ def _write_table(
         " & ".join(tex(h) for h in header) + r" \\", r"\midrule",
         *(" & ".join(tex(c) for c in r) + r" \\" for r in rows),
         r"\bottomrule", r"\end{tabular}",
+        *([r"\par\smallskip\footnotesize " + tex(footer)] if footer else []),
         *([r"\par\smallskip\footnotesize"] if notes else []),
         *(tex(n).replace("&", r"\&") + r"\\" for n in notes),
         r"\end{table}",
@@ -390,23 +415,27 @@ def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     levels = unigram_levels(runs)
     q_header, q_rows = quality_rows(runs, levels, cfg.chance_sigmas)
-    e_header, e_rows, e_note = efficiency_table(runs, cfg.skip_steps, PAPER_CLAIMS)
+    e_header, e_rows, e_note = efficiency_table(runs, cfg.skip_steps)
+    claims = paper_claims_line(runs)
     _write_table(
         out,
         "quality",
         q_header,
         q_rows,
-        "Quality: final validation loss and downstream accuracy",
+        f"Quality: final validation loss and downstream accuracy ({commits_phrase(runs)})",
         quality_notes(runs, levels, cfg.chance_sigmas),
+        footer=claims,
     )
     _write_table(
         out,
         "efficiency",
         e_header,
         e_rows,
-        f"Efficiency: bytes per rank per step (median, steps > {cfg.skip_steps}), step time on an "
-        f"emulated cluster.\n\n{e_note}",
+        f"Efficiency: bytes per rank per step (median, steps > {cfg.skip_steps}; "
+        f"{commits_phrase(runs)}).\n\n{e_note}",
+        footer=claims,
     )
+    write_manifest(runs, out / MANIFEST_FILE, cfg.output_root)
     figures = plot_losses(runs, out)
     reports = []
     if cfg.wandb_report:
@@ -421,6 +450,63 @@ def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
         "efficiency": (out / "efficiency.md").read_text(),
         "wandb_reports": reports,
     }
+
+
+def commits_phrase(runs: list[RunSummary]) -> str:
+    """Which code made the runs, for a caption: "runs of commit <sha>", or every commit."""
+    commits = sorted({str(r.provenance.get("commit") or "unrecorded") for r in runs})
+    dirty = sum(bool(r.provenance.get("dirty")) for r in runs)
+    resumed = sum(bool(r.provenance.get("resumed")) for r in runs)
+    text = ("runs of commit " if len(commits) == 1 else "runs of commits ") + ", ".join(
+        c[:10] for c in commits
+    )
+    if dirty:
+        text += f"; {dirty} with uncommitted changes"
+    if resumed:
+        text += f"; {resumed} resumed at another code version"
+    return text
+
+
+def paper_claims_line(runs: list[RunSummary]) -> str:
+    """The abstract's claims for the experiments shown, in one line of their own."""
+    shown = [e for e in PAPER_CLAIMS if any(r.experiment == e for r in runs)]
+    if not shown:
+        return ""
+    listed = "; ".join(f"{e}: {PAPER_CLAIMS[e]}" for e in shown)
+    return f"The paper's claims (its abstract; no table values are public), not ours: {listed}."
+
+
+def write_manifest(runs: list[RunSummary], path: Path, output_root: str) -> dict[str, Any]:
+    """What the tables were made of: the tables stage's commit, and per run its code
+    version, full config, final metrics, and where its logs are (relative to the runs'
+    root): a reader can trace every row to its run."""
+    manifest = {
+        "tables_commit": git_version(),
+        "output_root": output_root,
+        "runs": [
+            {
+                "experiment": r.experiment,
+                "run": r.name,
+                "optimizer": r.label,
+                "provenance": r.provenance,
+                "final": {
+                    "val_loss": r.final_val_loss,
+                    "steps": r.metrics[-1]["step"] if r.metrics else 0,
+                    "tasks": _task_metrics(r.eval),
+                    "bytes_per_step": r.bytes_per_step(0),
+                },
+                "logs": {
+                    "metrics": f"{r.experiment}/{r.name}/{METRICS_FILE}",
+                    "config": f"{r.experiment}/{r.name}/config.yaml",
+                    "eval": f"{r.experiment}/{r.name}/eval/results.json",
+                },
+                "config": r.config,
+            }
+            for r in runs
+        ],
+    }
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str) + "\n")
+    return manifest
 
 
 def report_lines(reports: list[dict[str, Any]]) -> list[str]:

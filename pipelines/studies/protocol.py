@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipelines.training.provenance import git_version
 
 __all__ = ["UNSTAMPED", "LrChoice", "choose_lr", "code_version", "step_code", "verdict_code"]
 
@@ -59,22 +60,9 @@ def step_code(repo: Path | str = ".") -> str:
 
 
 def code_version(repo: Path | str = ".") -> dict[str, object]:
-    """``{"commit": <sha> or None, "dirty": bool, "step_code": <digest>}`` of ``repo``.
-
-    ``dirty`` counts tracked files only (an untracked output folder changes no code);
-    ``commit`` is None outside a git checkout. ``step_code``: :func:`step_code`."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
-                                 check=True, timeout=30)  # fmt: skip
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit or None, "dirty": bool(status), "step_code": step_code(repo)}
+    """``{"commit": <sha> or None, "dirty": bool, "step_code": <digest>}`` of ``repo``
+    (:func:`~pipelines.training.provenance.git_version` and :func:`step_code`)."""
+    return {**git_version(repo), "step_code": step_code(repo)}
 
 
 def verdict_code(codes: Iterable[str]) -> str | None:

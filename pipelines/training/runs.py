@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from pipelines.training.config import ConfigError, PretrainConfig
+from pipelines.training.provenance import record_provenance
 from pipelines.training.tracking import run_name
 
 __all__ = ["claim_run_dir", "run_dir_of", "train_joined_rank"]
@@ -69,6 +70,7 @@ def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(resolved)
+    record_provenance(run_dir)
 
 
 def train_joined_rank(

@@ -71,3 +71,14 @@ def test_files_are_rebuilt_only_when_inputs_change(prepared, tmp_path):
     assert {name: f.stat().st_mtime_ns for name, f in files.items()} == stamps
     other = ensure_tasks(prepared, replace(CFG, seed=6), tmp_path)
     assert other["config"]["seed"] == 6 and other["tasks"] != first["tasks"]
+
+
+def test_chance_rate_is_what_a_guesser_that_never_reads_scores() -> None:
+    from eval.build_tasks import chance_rate
+
+    words = [{"target": w} for w in ["the"] * 3 + ["river", "city", "war", "king", "sea"]]
+    assert chance_rate("scape_lastword", words) == 3 / 8  # always answer "the"
+    choices = [{"endings": ["a", "b", "c", "d"]}, {"endings": ["a", "b"]}]
+    assert chance_rate("scape_nextsent", choices) == (0.25 + 0.5) / 2
+    assert chance_rate("scape_testppl", [{"text": "x"}]) is None
+    assert chance_rate("scape_lastword", []) is None

@@ -40,8 +40,21 @@ def test_tables_from_the_runs_metrics(tmp_path):
     assert out["runs"] == 2
     eff = (tmp_path / "tables" / "efficiency.md").read_text()
     # Loopback step times never become a speed-up (tests/pipelines/test_efficiency_table.py).
-    assert "| llama1p8b_step | SCAPE-99 | 0.100 | 0.050 | 0.050 | 0.000 | up to 3.26x" in eff
+    assert "| llama1p8b_step | SCAPE-99 | 0.100 | 0.050 | 0.050 | 0.000 |\n" in eff
     assert "No speed columns" in eff and "x |" not in eff
+    # The paper's claims: a line of their own under each table, never a column of our rows.
+    for name in ("efficiency.md", "quality.md"):
+        text = (tmp_path / "tables" / name).read_text()
+        claims = [line for line in text.splitlines() if line.startswith("The paper's claims")]
+        assert claims == [
+            "The paper's claims (its abstract; no table values are public), not ours: "
+            "llama1p8b_step: up to 3.26x faster steps than dense AdamS."
+        ]
+        assert "paper" not in text.splitlines()[2]  # the header row
+        assert (
+            "(runs of commit unrecorded)" in text.splitlines()[0]
+            or "runs of commit unrecorded" in text
+        )
     quality = (tmp_path / "tables" / "quality.md").read_text()
     assert "| SCAPE-99 | 0.99 | 4.040 |" in quality and "+1.00%" in quality
     assert "cloze/acc" in quality and "stderr" not in quality and "examples" not in quality
@@ -56,7 +69,30 @@ def test_tables_from_the_runs_metrics(tmp_path):
     assert not list((tmp_path / "tables").glob("wandb_report*"))  # only with wandb_report=true
 
 
-def _evaluated_run(root, data_root, optimizer, val_loss, tasks):
+def test_manifest_traces_every_row_to_its_run_config_metrics_and_commit(tmp_path):
+    from pipelines.training.provenance import git_version, record_provenance
+
+    root = tmp_path / "runs"
+    _fake_run(root, "adams", 2.0, 4e6, 4.00)
+    _fake_run(root, "scape99", 0.5, 1e5, 4.04)
+    record_provenance(root / "llama1p8b_step" / "scape99")  # as the pretrain stage does
+    run(TablesConfig(output_root=str(root), out_dir=str(tmp_path / "tables")))
+    manifest = json.loads((tmp_path / "tables" / "manifest.json").read_text())
+    here = git_version()
+    assert manifest["tables_commit"] == here
+    by_run = {r["run"]: r for r in manifest["runs"]}
+    assert by_run["scape99"]["provenance"]["commit"] == here["commit"]
+    assert by_run["adams"]["provenance"] == {}  # none recorded: said so, not invented
+    assert by_run["adams"]["final"]["val_loss"] == 4.00 and by_run["adams"]["final"]["steps"] == 10
+    assert by_run["scape99"]["final"]["tasks"] == {"cloze/acc": 0.25}
+    assert by_run["scape99"]["config"]["optimizer"]["label"] == "SCAPE-99"
+    for path in by_run["scape99"]["logs"].values():
+        assert (root / path).is_file(), path
+    quality = (tmp_path / "tables" / "quality.md").read_text().splitlines()[0]
+    assert f"runs of commits {here['commit'][:10]}, unrecorded" in quality
+
+
+def _evaluated_run(root, data_root, optimizer, val_loss, tasks, chance=None):
     """A finished, evaluated run whose prepared data (a 24-article slice) is at data_root."""
     cfg = compose([f"optimizer={optimizer}", "experiment=gpt345m_owt_quality", "scale=tiny",
                    f"data_root={data_root}", "data.max_documents=24",
@@ -68,6 +104,8 @@ def _evaluated_run(root, data_root, optimizer, val_loss, tasks):
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 7.0, "step_time": 1.0}))
     (run_dir / "eval").mkdir()
     evaluation = {"validation": {"loss": val_loss}, "tasks": tasks}
+    if chance:  # the evaluate stage records the local tasks' measured chance rates
+        evaluation["local_tasks"] = {"tasks": {t: {"chance": c} for t, c in chance.items()}}
     (run_dir / "eval" / "results.json").write_text(json.dumps(evaluation))
     return cfg
 
@@ -81,14 +119,19 @@ def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
     n = 200  # items per task: a guesser's standard error on a 4-way task is 0.031
     cfg = _evaluated_run(tmp_path / "runs", tmp_path / "data", "adams", 4.0, {
         "scape_nextsent": {"acc": 0.27, "acc_norm": 0.40, "examples": n},  # at chance; not
-        "scape_lastword": {"acc": 0.0, "examples": n},  # chance is 0 for a generated word
+        "scape_lastword": {"acc": 0.0, "examples": n},
         "cloze": {"acc": 0.27, "examples": n},  # no known chance rate: never marked
-    })  # fmt: skip
+    }, chance={"scape_lastword": 0.015})  # fmt: skip
     _evaluated_run(tmp_path / "runs", tmp_path / "data", "scape99", 4.5, {
         "scape_nextsent": {"acc": 0.20, "acc_norm": 0.31, "examples": n},  # -1.6 / +1.96 SE
-        "scape_lastword": {"acc": 0.005, "examples": n},  # one right: above chance
+        # the most frequent last word is right 1.5% of the time: one right answer in 200 is
+        # within noise of that guesser (SE 0.0086), not a result
+        "scape_lastword": {"acc": 0.005, "examples": n},
         "cloze": {"acc": 0.5, "examples": n},
-    })  # fmt: skip
+    }, chance={"scape_lastword": 0.015})  # fmt: skip
+    _evaluated_run(tmp_path / "runs", tmp_path / "data", "scape90", 4.4, {
+        "scape_lastword": {"acc": 0.06, "examples": n},  # +5 SE: above chance
+    }, chance={"scape_lastword": 0.015})  # fmt: skip
     result = prepare(PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer,
                                    output_root=str(tmp_path / "data"), num_proc=1, progress=False))  # fmt: skip
     level = unigram_level(load_prepared(result.path)).loss
@@ -101,10 +144,13 @@ def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
     )
     # columns: cloze/acc, scape_lastword/acc, scape_nextsent/acc, scape_nextsent/acc_norm
     assert "| 0.270 | at chance (0.000) | at chance (0.270) | 0.400 |" in rows["AdamS"]
-    assert "| 0.500 | 0.005 | at chance (0.200) | at chance (0.310) |" in rows["SCAPE-99"]
+    assert (
+        "| 0.500 | at chance (0.005) | at chance (0.200) | at chance (0.310) |" in rows["SCAPE-99"]
+    )
+    assert "| - | 0.060 | - | - |" in rows["SCAPE-90"]
     notes = quality.split("Notes:")[1]
     assert f"Unigram level of {result.path.name}: {level:.3f} nats per token" in notes
     assert f"AdamS ends {level - 4.0:.3f} nats under the unigram level" in notes
-    assert "scape_lastword 0, scape_nextsent 0.25" in notes and "cloze" not in notes
+    assert "scape_lastword 0.015, scape_nextsent 0.250" in notes and "cloze" not in notes
     tex = (tmp_path / "tables" / "quality.tex").read_text()
     assert "at chance (0.270)" in tex and "Unigram level of" in tex

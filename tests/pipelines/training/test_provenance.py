@@ -1,0 +1,37 @@
+"""Every run records the code that made it; a resumed run keeps its first record and lists
+each later code version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from pipelines.training.provenance import PROVENANCE_FILE, git_version, record_provenance
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                   check=True, capture_output=True)  # fmt: skip
+
+
+def test_a_run_records_its_commit_and_a_resume_at_other_code(tmp_path: Path) -> None:
+    repo, run_dir = tmp_path / "repo", tmp_path / "run"
+    repo.mkdir()
+    run_dir.mkdir()
+    (repo / "a.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    first = record_provenance(run_dir, repo)
+    assert first == {**git_version(repo), "resumed": []} and len(first["commit"]) == 40
+    assert record_provenance(run_dir, repo) == first  # resumed at the same code: unchanged
+    (repo / "a.py").write_text("x = 2\n")  # uncommitted change: another code version
+    record = record_provenance(run_dir, repo)
+    assert record["commit"] == first["commit"] and record["dirty"] is False
+    assert record["resumed"] == [{"commit": first["commit"], "dirty": True}]
+    assert json.loads((run_dir / PROVENANCE_FILE).read_text()) == record
+
+
+def test_outside_git_the_commit_is_none(tmp_path: Path) -> None:
+    assert git_version(tmp_path) == {"commit": None, "dirty": False}
