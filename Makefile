@@ -123,6 +123,27 @@ quality-study: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study $(if $(QUICK),quick=true) data_dir=$(QUALITY_DATA) $(ARGS)
 
+# The verdict's finalists (issue 27) at one code version: dense AdamS and AdamW, SCAPE-90/99,
+# both small models, 3 seeds, on an lr grid wide enough that every method's choice (lowest
+# mean final loss over the seeds) is interior. One horizon per call (VERDICT_STEPS: 300,
+# 1500, 3000), one process per seed: `make -j2 quality-verdict VERDICT_STEPS=300`. Runs land
+# in results/quality/runs/<code version>/ and resume. 300 steps: ~40 min on 2 cores;
+# 1,500: ~3 h; 3,000: ~6 h. Then `make quality-report`.
+VERDICT_STEPS ?= 300
+VERDICT_GRID  ?= [0.0625,0.125,0.25,0.5,1,2,4]
+VERDICT_SEEDS := 0 1 2
+.PHONY: quality-verdict quality-report $(VERDICT_SEEDS:%=quality-verdict-s%)
+quality-verdict: $(VERDICT_SEEDS:%=quality-verdict-s%)
+$(VERDICT_SEEDS:%=quality-verdict-s%): quality-verdict-s%: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
+	$(PY) -m pipelines.quality_study data_dir=$(QUALITY_DATA) report=false scale.steps=$(VERDICT_STEPS) \
+	  'only_models=[llama,gpt]' 'only_variants=[adams,adamw,scape90,scape99]' 'seeds=[$*]' \
+	  'lr_scales=$(VERDICT_GRID)' $(ARGS)
+
+# Rewrite results/quality/summary.md, runs.csv and figures from the finished runs (seconds).
+quality-report: $(STAMP)
+	$(PY) -m pipelines.quality_study report_only=true data_dir=$(QUALITY_DATA)
+
 # Peers (issue 8): SCAPE vs PowerSGD (r1/2/4), DGC-style top-k (90/99%), 1-bit-Adam-style and
 # dense AdamS, 3 seeds each through the pretrain stage (~45 min on 2 cores; resumes). Writes
 # results/peers/; run `make bench-peers-cluster` first for the emulated-cluster time columns.
