@@ -1,5 +1,9 @@
-"""GPU readiness check: one prepared run, offline, under 8 minutes on one CUDA GPU.
+"""GPU readiness check: one prepared run, offline, under 9 minutes on one CUDA GPU.
 
+0. The SCAPE adapter through megatron-core at the largest shape that fits (Llama-1.8B first):
+   dense AdamS's and SCAPE-99's steps by phase and peak memory, SCAPE's optimizer step by part
+   and SCAPE against the simulator (:mod:`gpu_adapter_check`, next to this file); written to
+   the report as soon as it is done.
 1. A few dense-AdamS and SCAPE steps (90% and 99% sparsity) of GPT-345M through Megatron on
    one GPU (W=1, NCCL, bf16 params, fp32 main params): step times, losses, bytes.
 2. A micro-benchmark of SCAPE's per-step kernels at Llama-1.8B sizes for W=32 (the work one
@@ -261,6 +265,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     report = {"environment": environment(), "status": "running"}
+    out_dir = Path(args.out_dir)
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", report["environment"]["gpu"] or "cpu-smoke").strip("-")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = out_dir / f"gpu_check_{gpu}_{stamp}.json"
+
+    def save() -> None:  # after each part: a run cut short keeps what it measured
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report["wall_s"] = time.perf_counter() - started
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(path)
+
+    # First, the SCAPE adapter through megatron-core on this GPU (scripts/gpu_adapter_check.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_adapter_check import adapter_check
+
+    report["adapter"] = adapter_check(smoke=args.cpu_smoke)
+    save()
     if args.cpu_smoke:
         device = torch.device("cpu")
         report["megatron"] = megatron_steps(
@@ -282,15 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             device=device, repeats=5,
         )  # fmt: skip
     report["status"] = "ok"
-    report["wall_s"] = time.perf_counter() - started
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", report["environment"]["gpu"] or "cpu-smoke").strip("-")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = out_dir / f"gpu_check_{gpu}_{stamp}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    save()
     print(f"gpu_check: wrote {path} ({report['wall_s']:.0f} s)")
     return 0
 

@@ -60,10 +60,11 @@ REFUSED_DDP_OPTIONS = {
 
 
 def megatron_core_version() -> str:
-    """The installed megatron-core's version string (``megatron.core.__version__``)."""
-    import megatron.core
+    """The installed megatron-core's release, e.g. ``"0.19.2"``: its package metadata (0.19's
+    ``megatron.core.__version__`` appends the commit of the git checkout it is run from)."""
+    from importlib.metadata import version
 
-    return megatron.core.__version__
+    return version("megatron-core")
 
 
 def refuse_unsupported_ddp_options(ddp_config) -> None:

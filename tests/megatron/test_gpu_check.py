@@ -1,10 +1,12 @@
-"""scripts/gpu_check: skips cleanly without CUDA; its kernel micro-benchmark runs (toy sizes).
+"""scripts/gpu_check: skips cleanly without CUDA; its parts run at toy sizes on the CPU.
 
 The full check needs a GPU (results/gpu/ holds what it wrote where one was available);
 ``scripts/gpu_check.py --cpu-smoke`` runs every part at toy sizes on the CPU by hand.
 """
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+from scape.megatron.versions import TESTED_VERSIONS
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "gpu_check.py"
+PARTS = ("pack_s", "exchange_s", "commit_s", "decode_s", "update_s", "select_s")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the check runs for real")
@@ -49,3 +55,47 @@ def test_kernel_microbench_at_toy_sizes():
     assert row["k_per_chunk"] == 10
     assert row["selected_per_shard"] == shard // 100 * 10 + min(10, shard % 100)
     assert all(v >= 0 for k, v in row.items() if k.endswith("_s"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the check runs for real")
+def test_the_shell_entry_point_says_skipped_in_one_line_and_installs_nothing(tmp_path):
+    """Without CUDA gpu_check.sh stops before any install: one line, exit 0, nothing written."""
+    out = tmp_path / "gpu"
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().count("\n") == 0 and "SKIPPED" in proc.stdout, proc.stdout
+    assert not out.exists()
+
+
+def test_adapter_check_at_toy_sizes_times_every_part_and_matches_the_simulator(tmp_path):
+    """The adapter part of the GPU check, on the CPU (gloo, tiny Llama, fp32): both methods'
+    phases, SCAPE's step by part, and SCAPE bit-identical to the simulator."""
+    out = tmp_path / "adapter.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "gpu_adapter_check.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["shape"] == "tiny-llama" and report["shapes_tried"] == ["tiny-llama"]
+    assert report["megatron_core"] in TESTED_VERSIONS
+    for method in ("dense", "scape"):
+        run = report[method]
+        assert run["buckets"] > 1 and run["steps_timed"] >= 1
+        assert all(run[k] > 0 for k in ("forward_backward_s", "grad_sync_s", "optimizer_step_s"))
+    # same weights, same first batch: the same first loss
+    assert report["dense"]["first_loss"] == report["scape"]["first_loss"]
+    parts = report["scape"]["parts"]
+    assert set(PARTS) <= set(parts) and all(parts[k] > 0 for k in PARTS)
+    assert parts["sum_s"] == pytest.approx(sum(parts[k] for k in PARTS))
+    sim = report["simulator"]
+    assert sim["bit_identical"] and sim["within_tolerance"] and sim["max_abs_diff"] == 0.0
+    assert len(sim["per_step"]) == sim["steps"] >= 3

@@ -1,0 +1,362 @@
+"""The SCAPE adapter on one GPU through megatron-core: its step by part, against dense AdamS.
+
+Part of ``scripts/gpu_check.sh`` (run by ``scripts/gpu_check.py``; ``--smoke`` runs it alone
+at toy sizes on the CPU). In one spawned rank (NCCL on a GPU, W=1, bf16 params with fp32
+main params, Megatron's default 40M-element buckets, so every bucket is one a Llama-1.8B run
+uses), for the largest registered shape that fits (Llama-1.8B, else Llama-500M, else
+GPT-345M):
+
+* dense AdamS and SCAPE-99, each a few real steps through Megatron, timed by phase with CUDA
+  events (forward+backward; grad sync: SCAPE's pack and all-reduce, dense's reduce-scatter;
+  the optimizer step) and the peak memory allocated while each ran;
+* SCAPE's step part by part, each part timed alone with the very functions the adapter calls,
+  on the state its last real step left: pack, exchange (all-reduce of the packed values),
+  commit (m = candidate - sent), decode (q from the summed buffer), update (weight decay and
+  the rms/sign step of every entry; the adapter fuses decode and update block by block, so
+  its optimizer step is compared with commit + decode + update + select), select (the
+  owner's masks for the next step);
+* SCAPE against the simulator on the same layout (fp32 params: the simulator's twin is
+  fp32), step by step on a small Llama: bit-identical params and masks, else the largest
+  difference, checked against a stated tolerance.
+
+W=1: the exchange is NCCL's all-reduce of one rank (a copy), not a network's; the parts
+that scale with the model (pack, commit, decode, update, select) are the real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+__all__ = ["adapter_check", "adapter_rank"]
+
+SHAPES_LARGEST_FIRST = ("llama-1.8b", "llama-500m", "gpt-345m")
+MEGATRON_DEFAULT_BUCKET = 40_000_000  # elements: Megatron's max(4e7, 1e6 * W) for W <= 40
+SPARSITY = 0.99
+# SCAPE vs the simulator on a GPU: the same kernels on the same inputs should give the same
+# bits; where a library picks another reduction order the step may differ in the last bits.
+SIMULATOR_TOLERANCE = 1e-5
+
+
+def _mark(cuda: bool):
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _seconds(start, end) -> float:
+    """Between two marks (CUDA events: after a synchronize)."""
+    if isinstance(start, float):
+        return end - start
+    return start.elapsed_time(end) / 1e3
+
+
+def _median_time(fn, *, cuda: bool, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = _mark(cuda)
+        fn()
+        end = _mark(cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(_seconds(start, end))
+    return statistics.median(times)
+
+
+def _peak_bytes(cuda: bool) -> int | None:
+    return torch.cuda.max_memory_allocated() if cuda else None
+
+
+def _free(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
+                bucket_size: int, bf16: bool, device: torch.device) -> dict:  # fmt: skip
+    """Real steps of one method through Megatron, timed by phase; SCAPE's parts after them."""
+    from scape.config import ScapeConfig
+    from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, wrap_ddp
+    from scape.megatron.models import SHAPES, build_gpt_model
+    from scape.megatron.optimizer import build_scape_optimizer
+    from scape.megatron.train import forward_loss
+
+    cuda = device.type == "cuda"
+    base = torch.cuda.memory_allocated() if cuda else 0
+    model_shape = SHAPES[shape]
+    torch.manual_seed(0)  # both methods start from the same weights
+    config, model = build_gpt_model(model_shape, device=device, bf16=bf16)
+    ddp = wrap_ddp(config, model, bucket_size=bucket_size)
+    # Every collective inside finish_grad_sync, so that grad sync is one timed phase (Megatron
+    # would otherwise use one bucket if overlap were off at construction: same buckets here).
+    ddp.ddp_config.overlap_grad_reduce = False
+    spec = OptimizerSpec(kind="adams", lr=1e-5)
+    if method == "dense":
+        opt = build_dense_optimizer(ddp, spec, bf16=bf16)
+    else:
+        cfg = ScapeConfig.for_sparsity(SPARSITY)
+        opt = build_scape_optimizer(ddp, spec, cfg, bf16=bf16, check_every=0)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model_shape.vocab_size, (batch, model_shape.seq_length + 1),
+                           generator=g).to(device)  # fmt: skip
+    phases = {"forward_backward_s": [], "grad_sync_s": [], "optimizer_step_s": []}
+    losses = []
+    for step in range(warmup + steps):
+        marks = [_mark(cuda)]
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        loss = forward_loss(ddp, tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        marks.append(_mark(cuda))
+        ddp.finish_grad_sync()
+        marks.append(_mark(cuda))
+        updated, _, _ = opt.step()
+        marks.append(_mark(cuda))
+        if cuda:
+            torch.cuda.synchronize()
+        losses.append(float(loss))
+        if not updated:
+            raise RuntimeError(f"{method}: step {step + 1} was skipped (non-finite gradient)")
+        if step >= warmup:
+            for key, start, end in zip(phases, marks, marks[1:], strict=False):
+                phases[key].append(_seconds(start, end))
+    out = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "buckets": len(ddp.buffers[0].buckets),
+        "largest_bucket_elems": max(b.grad_data.numel() for b in ddp.buffers[0].buckets),
+        "steps_timed": steps,
+        **{key: statistics.median(times) for key, times in phases.items()},
+        "peak_memory_bytes": None if not cuda else _peak_bytes(cuda) - base,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
+    if method == "scape":
+        out["parts"] = scape_parts(opt, ddp, repeats=steps)
+    return out
+
+
+def scape_parts(opt, ddp, *, repeats: int) -> dict:
+    """SCAPE's step part by part on the state the last real step left (its masks, moments and
+    params), each part over every bucket, timed alone. Mutates that state (the run is over)."""
+    from scape.megatron.cpu_compat import outside_megatron
+    from scape.shard import (
+        commit_moment_,
+        decode,
+        owner_mask,
+        rms_update_,
+        sign_update_,
+        weight_decay_,
+    )
+
+    st, cfg = opt.scape, opt.scape.config
+    cuda = st.device.type == "cuda"
+    W, n = st.world_size, len(st.shards)
+    grads = [bucket.grad_data for bucket in ddp.buffers[0].buckets]
+    lr, weight_decay = opt._lr_and_weight_decay()
+    eps = opt._eps()
+    st.finish_mask_exchange()
+    if st.masks is None:
+        raise RuntimeError("SCAPE's parts need masks: run past the dense warm-up first")
+
+    def time_it(fn) -> float:
+        return _median_time(fn, cuda=cuda, repeats=repeats)
+
+    parts = {}
+    with torch.no_grad(), outside_megatron():
+        parts["pack_s"] = time_it(lambda: [st.pack_bucket(b, grads[b]) for b in range(n)])
+        parts["exchange_s"] = time_it(
+            lambda: [st.comm.all_reduce_values(st.payloads[b]) for b in range(n)]
+        )
+        # the buffer every rank decodes: one pack and one exchange as in a step
+        for b in range(n):
+            st.pack_bucket(b, grads[b])
+            st.comm.all_reduce_values(st.payloads[b])
+
+        def commit_all() -> None:
+            for b, shard in enumerate(st.shards):
+                span = slice(shard.start, shard.end)
+                commit_moment_(st.moment[span], st.candidate[span], st.bases[b], st.masks[b],
+                               st.wires[b], world_size=W)  # fmt: skip
+
+        parts["commit_s"] = time_it(commit_all)
+        parts["decode_s"] = time_it(
+            lambda: [decode(st.bases[b], st.masks[b], st.synced(b), W) for b in range(n)]
+        )
+        # update: weight decay and the step of every entry, bucket by bucket from its decoded q
+        update_s = 0.0
+        for b, shard in enumerate(st.shards):
+            span = slice(shard.start, shard.end)
+            q = decode(st.bases[b], st.masks[b], st.synced(b), W)
+
+            def update_bucket(b=b, span=span, q=q) -> None:
+                weight_decay_(st.main[span], opt._decay_runs[b], 1.0 - lr * weight_decay)
+                if cfg.update == "rms":
+                    rms_update_(st.main[span], st.second_moment[span], q, step=max(st.updates, 1),
+                                lr=lr, beta=cfg.second_moment_beta, eps=eps)  # fmt: skip
+                else:
+                    sign_update_(st.main[span], q, lr=lr)
+
+            update_s += time_it(update_bucket)
+            del q
+        parts["update_s"] = update_s
+
+        def select_all() -> None:
+            for b in range(n):
+                lo, hi = st.own_range(b)
+                owner_mask(st.bases[b], st.moment[lo:hi])
+
+        parts["select_s"] = time_it(select_all)
+    st.clear_step()
+    parts["sum_s"] = sum(v for k, v in parts.items() if k.endswith("_s"))
+    return parts
+
+
+def _simulator_run(shape: str, *, steps: int, bucket_size: int, device: torch.device) -> dict:
+    """SCAPE through Megatron against the simulator on Megatron's own layout, fp32 params."""
+    from scape.config import ScapeConfig
+    from scape.megatron.dense import OptimizerSpec, wrap_ddp
+    from scape.megatron.layout import flat_layout
+    from scape.megatron.models import SHAPES, build_gpt_model
+    from scape.megatron.optimizer import build_scape_optimizer
+    from scape.megatron.train import forward_loss, train_step
+    from scape.simulate import OptimizerHParams, Simulator
+
+    model_shape = SHAPES[shape]
+    spec = OptimizerSpec(kind="adams", lr=2e-3, weight_decay=0.1, clip_grad=1.0)
+    cfg = ScapeConfig.for_sparsity(SPARSITY)
+    torch.manual_seed(0)
+    config, model = build_gpt_model(model_shape, device=device)
+    ddp = wrap_ddp(config, model, bucket_size=bucket_size)
+    opt = build_scape_optimizer(ddp, spec, cfg, check_every=0)
+    torch.manual_seed(0)
+    _, twin = build_gpt_model(model_shape, device=device)
+    hparams = OptimizerHParams(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
+                               weight_decay=spec.weight_decay, max_grad_norm=spec.clip_grad)  # fmt: skip
+    sim = Simulator(twin, 1, method="scape", hparams=hparams, scape=cfg, layout=flat_layout(ddp))
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, model_shape.vocab_size, (4, 2, model_shape.seq_length + 1),
+                         generator=g).to(device)  # fmt: skip
+
+    def sim_loss(m, batch):
+        return forward_loss(m, batch[:, :-1], batch[:, 1:])
+
+    per_step = []
+    for step in range(steps):
+        batch = data[step % len(data)]
+        train_step(ddp, opt, (batch[:, :-1], batch[:, 1:]))
+        sim.step([batch], sim_loss)
+        used, sim_used = opt.scape.last_used_masks or [], sim.last_used_masks or []
+        pairs = list(zip(model.parameters(), twin.parameters(), strict=True))
+        per_step.append({
+            "params_equal": all(torch.equal(a, b) for a, b in pairs),
+            "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs),
+            "masks_equal": len(used) == len(sim_used)
+            and all(torch.equal(a, b) for a, b in zip(used, sim_used, strict=True)),
+        })  # fmt: skip
+    worst = max(s["max_abs_diff"] for s in per_step)
+    return {
+        "shape": shape,
+        "steps": steps,
+        "sparsity": SPARSITY,
+        "bit_identical": all(s["params_equal"] and s["masks_equal"] for s in per_step),
+        "max_abs_diff": worst,
+        "tolerance": SIMULATOR_TOLERANCE,
+        "within_tolerance": worst <= SIMULATOR_TOLERANCE
+        and all(s["masks_equal"] for s in per_step),
+        "per_step": per_step,
+    }
+
+
+def adapter_rank(rank: int, world_size: int, *, smoke: bool) -> dict:
+    """The whole check in one rank process (see the module docstring)."""
+    sys.modules.setdefault("wandb", None)  # megatron imports it when it can; never used here
+    from scape.megatron.dense import init_megatron
+    from scape.megatron.versions import megatron_core_version
+
+    init_megatron(0)
+    cuda = torch.cuda.is_available() and not smoke
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    shapes = ("tiny-llama",) if smoke else SHAPES_LARGEST_FIRST
+    run = dict(steps=2 if smoke else 5, warmup=2, batch=2 if smoke else 1,
+               bucket_size=20_000 if smoke else MEGATRON_DEFAULT_BUCKET, bf16=not smoke,
+               device=device)  # fmt: skip
+    out = {"megatron_core": megatron_core_version(), "world_size": world_size,
+           "device": torch.cuda.get_device_name() if cuda else "cpu", "bf16": run["bf16"],
+           "sparsity": SPARSITY, "shapes_tried": []}  # fmt: skip
+    for shape in shapes:
+        out["shapes_tried"].append(shape)
+        results, oom = {}, None
+        for method in ("dense", "scape"):
+            _free(cuda)
+            try:
+                results[method] = _method_run(method, shape, **run)
+            except torch.cuda.OutOfMemoryError as err:
+                oom = f"{method}: {str(err).splitlines()[0]}"
+            if oom:
+                break
+        _free(cuda)
+        if oom is None:
+            out.update(shape=shape, dense=results["dense"], scape=results["scape"])
+            break
+        out.setdefault("out_of_memory", {})[shape] = oom
+    if "shape" in out:
+        scape = out["scape"]
+        out["scape_step_vs_dense_step"] = (
+            scape["optimizer_step_s"] / out["dense"]["optimizer_step_s"]
+        )
+        out["scape_parts_in_step_s"] = sum(
+            scape["parts"][k] for k in ("commit_s", "decode_s", "update_s", "select_s")
+        )
+    out["simulator"] = _simulator_run(
+        "tiny-llama" if smoke else "small-llama", steps=4 if smoke else 6,
+        bucket_size=20_000 if smoke else 1_000_000, device=device,
+    )  # fmt: skip
+    return out
+
+
+def adapter_check(*, smoke: bool = False, timeout_s: float = 420) -> dict:
+    """Run :func:`adapter_rank` in one spawned rank (NCCL on a GPU, gloo for ``smoke``)."""
+    from scape.spawn import run_distributed
+
+    backend = "nccl" if torch.cuda.is_available() and not smoke else "gloo"
+    (result,) = run_distributed(adapter_rank, 1, backend=backend, timeout_s=timeout_s,
+                                smoke=smoke)  # fmt: skip
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (tests the code)")
+    p.add_argument("--out", help="write the result as JSON here (default: print it)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("gpu_adapter_check: SKIPPED - no CUDA device visible to torch; nothing written.")
+        return 0
+    result = adapter_check(smoke=args.smoke)
+    text = json.dumps(result, indent=2) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
