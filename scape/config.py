@@ -38,7 +38,7 @@ class ScapeConfig:
     chunk, k: every shard is read in chunks of ``chunk`` entries, each in an orthonormal DCT
         basis (inferred: DeMo's transform), and k coefficients per chunk travel per step.
         chunk=100 makes k=1 / k=10 exactly 99% / 90% and an offset one byte ("What was run",
-        the library step's options: chunks of 200 were no better).
+        the library step's options: chunks of 200 were level on Llama, worse on GPT).
     moment_beta: every rank keeps its own first moment of its own gradients,
         ``m_r <- moment_beta * m_r + g_r``, from which what is sent is removed (inferred; 1 is
         pure error feedback). 0.999: one default for both sparsities; 0.99 helped only at
@@ -48,7 +48,7 @@ class ScapeConfig:
         (``v <- b2 v + (1 - b2) q^2``, C4 of the abstract); ``sign`` takes sign(q). rms: its
         gap shrinks with training where sign's grows ("Finalists").
     second_moment_beta: b2 of the rebuilt second moment (``rms`` only); 0.95 is the dense
-        AdamS baseline's beta2 (0.99 was worse: "What was run").
+        AdamS baseline's beta2 (0.99 was level on Llama, worse on GPT: "What was run").
     dense_warmup_steps: the first steps send every entry; at least one, as the moments are
         zero before step 1 so no mask can be made for it. 1: more warm-up sends every value
         for longer, against C5 ("What was run", the dense warm-up).
