@@ -55,21 +55,20 @@ prefetch: $(STAMP)
 reproduce-table: $(STAMP)
 	$(PY) -m pipelines.reproduce --scale $(SCALE) --cluster $(CLUSTER) $(if $(filter 1,$(DRY_RUN)),--dry-run) $(ARGS)
 
-# Performance (issues 6, 14): bytes, optimizer overhead, the pretrain stage's Megatron step on
-# the emulated cluster (network namespaces: run as root, else that part is skipped with a
-# message), projection, break-even map, README. One command, 55-80 min on a quiet 2-core
-# machine, by the host's speed (the step sweep 45-65 of them with the waits for the load to
-# settle between rounds, capped at 60 + the round in progress; it resumes
-# an interrupted sweep at the same commit). Every timing benchmark refuses to start beside a
-# study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed rounds are then
-# re-run and, if still disturbed, marked noisy). Writes results/bench/*.json, break_even.*
-# and results/bench/README.md.
+# Performance (issues 6, 14): one entry point per target, python -m benchmarks.<name> (their
+# machinery in benchmarks/harness/). bench: bytes, optimizer overhead, the pretrain stage's
+# Megatron step on the emulated cluster and its floor by part (network namespaces: run as
+# root, else the sweep writes why it skipped), projection, break-even map, README. The step
+# sweep stops starting rounds after 60 min (--budget-min). Every timing benchmark refuses to
+# start beside a study, the tests or another benchmark (ALLOW_BUSY=1 overrides; disturbed
+# rounds are re-run and, if still disturbed, marked noisy). Writes results/bench/*.json,
+# break_even.* and results/bench/README.md.
 .PHONY: bench bench-bytes bench-overhead bench-step bench-floor-parts bench-break-even bench-project bench-report bench-peers-cluster
 bench: $(STAMP)
 	$(PY) -m benchmarks.bytes $(BUSY)
 	$(PY) -m benchmarks.overhead $(BUSY)
 	$(PY) -m benchmarks.megatron_step $(BUSY)
-	$(PY) -m benchmarks.floor_parts $(BUSY)
+	$(PY) -m benchmarks.megatron_step --parts $(BUSY)
 	$(PY) -m benchmarks.projection
 	$(PY) -m benchmarks.break_even
 	$(PY) -m benchmarks.report
@@ -81,18 +80,19 @@ bench-overhead: $(STAMP)
 	$(PY) -m benchmarks.overhead $(BUSY) $(ARGS)
 
 # Issue 14: the pretrain stage's Megatron train step (dense AdamS with and without Megatron's
-# overlap, SCAPE-90, SCAPE-99) on 2 and 4 ranks at 100 Mbit/s, 1 and 10 Gbit/s, with a
-# compute-only floor beside each method's steps in every round, each method in rank
-# processes of its own. Writes results/bench/megatron_step.json. 45-65 min (host speed).
-# ARGS e.g. "--worlds 2 --rates-mbit 1000" or "--fresh".
+# overlap, SCAPE-90, SCAPE-99) on 2 and 4 ranks at 100 Mbit/s, 1 and 10 Gbit/s, each method
+# in rank processes of its own with its compute-only floor launched right after its steps.
+# Writes results/bench/megatron_step.json after every round. Two launches per method and
+# round, half the earlier harness's four; not yet timed at this commit (that harness took
+# 45-65 min). ARGS e.g. "--worlds 2 --rates-mbit 1000 --methods 'scape-*' dense-overlap".
 bench-step: $(STAMP)
 	$(PY) -m benchmarks.megatron_step $(BUSY) $(ARGS)
 
 # Where the sweep model's compute-only step goes, part by part (forward, backward, SCAPE's
 # pack / commit / update / select spans under torch.profiler), 2 ranks, dense AdamS and
-# SCAPE-90/99. Writes results/bench/floor_parts.json. ~2 min. ARGS e.g. "--world 4".
+# SCAPE-90/99. Writes results/bench/floor_parts.json. ~2 min. ARGS e.g. "--worlds 4".
 bench-floor-parts: $(STAMP)
-	$(PY) -m benchmarks.floor_parts $(BUSY) $(ARGS)
+	$(PY) -m benchmarks.megatron_step --parts $(BUSY) $(ARGS)
 
 # The break-even map (projection over bandwidth x tokens per GPU, measured points placed by
 # their comm/compute ratio): results/bench/break_even.{png,md,csv,json}. Seconds.
@@ -122,6 +122,27 @@ QUALITY_DATA := data/enwiki_sample__bytebpe1k
 quality-study: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study $(if $(QUICK),quick=true) data_dir=$(QUALITY_DATA) $(ARGS)
+
+# The verdict's finalists (issue 27) at one code version: dense AdamS and AdamW, SCAPE-90/99,
+# both small models, 3 seeds, on an lr grid wide enough that every method's choice (lowest
+# mean final loss over the seeds) is interior. One horizon per call (VERDICT_STEPS: 300,
+# 1500, 3000), one process per seed: `make -j2 quality-verdict VERDICT_STEPS=300`. Runs land
+# in results/quality/runs/<code version>/ and resume. 300 steps: ~40 min on 2 cores;
+# 1,500: ~3 h; 3,000: ~6 h. Then `make quality-report`.
+VERDICT_STEPS ?= 300
+VERDICT_GRID  ?= [0.0625,0.125,0.25,0.5,1,2,4]
+VERDICT_SEEDS := 0 1 2
+.PHONY: quality-verdict quality-report $(VERDICT_SEEDS:%=quality-verdict-s%)
+quality-verdict: $(VERDICT_SEEDS:%=quality-verdict-s%)
+$(VERDICT_SEEDS:%=quality-verdict-s%): quality-verdict-s%: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
+	$(PY) -m pipelines.quality_study data_dir=$(QUALITY_DATA) report=false scale.steps=$(VERDICT_STEPS) \
+	  'only_models=[llama,gpt]' 'only_variants=[adams,adamw,scape90,scape99]' 'seeds=[$*]' \
+	  'lr_scales=$(VERDICT_GRID)' $(ARGS)
+
+# Rewrite results/quality/summary.md, runs.csv and figures from the finished runs (seconds).
+quality-report: $(STAMP)
+	$(PY) -m pipelines.quality_study report_only=true data_dir=$(QUALITY_DATA)
 
 # Peers (issue 8): SCAPE vs PowerSGD (r1/2/4), DGC-style top-k (90/99%), 1-bit-Adam-style and
 # dense AdamS, 3 seeds each through the pretrain stage (~45 min on 2 cores; resumes). Writes
