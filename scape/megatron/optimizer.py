@@ -234,8 +234,10 @@ def build_scape_optimizer(
 ) -> ScapeDistributedOptimizer:
     """Megatron's distributed optimizer for ``ddp``, built by the stock factory as SCAPE's.
 
-    ``spec.kind`` is ignored: SCAPE's update is AdamS (its denominator needs only m and the
-    synchronized gradient). ``check_every``: steps between replica checksums (0: never).
+    SCAPE reads ``spec``'s lr, weight decay, eps and clip_grad only: its update is not
+    AdamS but ``config.update``'s (``rms``: q over the root of a second moment rebuilt from q,
+    RMSprop-like; ``sign``: sign(q)), with ``config``'s own betas, so ``spec.kind``, beta1 and
+    beta2 are ignored. ``check_every``: steps between replica checksums (0: never).
     """
     from megatron.core.optimizer import get_megatron_optimizer
 
