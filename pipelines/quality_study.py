@@ -20,6 +20,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -78,6 +79,27 @@ def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
     return plan
 
 
+def grid_extensions(
+    cfg: QualityStudyConfig, plan: list[RunSpec], out_dir: Path, code: str
+) -> list[RunSpec]:
+    """The runs that close the planned core cells' grids one step further: where a cell's
+    chosen lr (:func:`~pipelines.studies.protocol.choose_lr`, over its seeds, at this
+    horizon, this code version's runs) is the grid's lowest or highest point, the point half
+    or twice as large, on every seed of the cell."""
+    from pipelines.studies.quality_report import RunIndex
+
+    index = RunIndex.load(out_dir, code)
+    cells = {(s.model.name, s.variant_name): s for s in plan if s.variant.core}
+    more = []
+    for (model, variant), spec in cells.items():
+        choice = index.lr_choice(model, variant, cfg.scale.steps)
+        if choice is None or choice.closed:
+            continue
+        lr = choice.lr / 2 if choice.lr == choice.grid[0] else choice.lr * 2
+        more += [dataclasses.replace(spec, seed=seed, lr_scale=lr) for seed in choice.seeds]
+    return more
+
+
 def study_notes(cfg: QualityStudyConfig) -> str:
     s = cfg.scale
     tokens = s.world_size * s.batch_per_worker * s.seq_length
@@ -113,8 +135,10 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     code = code_version(Path(__file__).resolve().parents[1])
     runs_dir = out_dir / "runs" / str(code["step_code"])
     plan = [] if cfg.report_only else plan_runs(cfg)
-    data_by_seed, val_batches, final_val_batches = {}, None, None
-    for i, spec in enumerate(plan, 1):
+    data_by_seed: dict[int, Any] = {}
+    batches: list[Any] = []  # [validation curve batches, final validation batches]
+
+    def train(spec: RunSpec, label: str) -> None:
         if spec.seed not in data_by_seed:
             data_by_seed[spec.seed] = load_study_data(
                 cfg.data_dir,
@@ -126,16 +150,26 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
                 cache_dir=cfg.cache_dir,
             )
         data = data_by_seed[spec.seed]
-        if val_batches is None:  # the same for every run (validation order is not shuffled)
-            val_batches = data.validation_batches(cfg.scale.val_max_sequences, batch_size=64)
-            final_val_batches = data.validation_batches(None, batch_size=64)
+        if not batches:  # the same for every run (validation order is not shuffled)
+            batches.append(data.validation_batches(cfg.scale.val_max_sequences, batch_size=64))
+            batches.append(data.validation_batches(None, batch_size=64))
         start = time.perf_counter()
-        final = train_run(spec, data, val_batches, final_val_batches, runs_dir, code)
+        final = train_run(spec, data, batches[0], batches[1], runs_dir, code)
         print(
-            f"[{i}/{len(plan)}] {spec.run_id}: val {final['final_val_loss']:.4f}"
+            f"[{label}] {spec.run_id}: val {final['final_val_loss']:.4f}"
             f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",
             flush=True,
         )
+
+    for i, spec in enumerate(plan, 1):
+        train(spec, f"{i}/{len(plan)}")
+    for extension in range(1, cfg.close_grids + 1):
+        more = grid_extensions(cfg, plan, out_dir, str(code["step_code"]))
+        if not more:
+            break
+        for i, spec in enumerate(more, 1):
+            train(spec, f"closing grids, round {extension}: {i}/{len(more)}")
+        plan += more
     if not cfg.report:
         return []
     from scape.megatron.models import SHAPES, count_params

@@ -151,6 +151,10 @@ class QualityStudyConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     # Each run's lr and min_lr are the scale's times each of these (the lr grid).
     lr_scales: list[float] = field(default_factory=lambda: [1.0])
+    # Close the grids: while a core variant's chosen lr (lowest mean final loss over its
+    # seeds) sits at an edge of its grid, run the next point out (x0.5 or x2) on every seed,
+    # at most this many times per cell (0: run the grid as given).
+    close_grids: int = 0
     ablation_seeds: list[int] = field(default_factory=lambda: [0])
     # Restrict a study to some models / variants (empty: all); the report still reads all runs.
     only_models: list[str] = field(default_factory=list)

@@ -47,6 +47,34 @@ def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
     ]
 
 
+def _finished(runs: Path, spec, loss: float) -> None:
+    header = {"model": spec.model.name, "variant": spec.variant_name, "seed": spec.seed,
+              "steps": spec.scale.steps, "lr_scale": spec.lr_scale,
+              "code": {"commit": None, "dirty": False, "step_code": "v1"}}  # fmt: skip
+    lines = [header, {"step": 1, "loss": loss}, {"event": "final", "final_val_loss": loss}]
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / f"{spec.run_id}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_grids_are_extended_past_an_edge_choice_on_every_seed(compose_study, tmp_path) -> None:
+    """AdamS's best mean loss is at its grid's top (x1): x2 is planned for both seeds; SCAPE-99
+    is best inside its grid: nothing more. Only the code version's own runs count."""
+    from pipelines.quality_study import grid_extensions
+
+    cfg = compose_study("seeds=[0,1]", "lr_scales=[0.5,1,2]", "only_models=[llama]",
+                        "only_variants=[adams,scape99]")  # fmt: skip
+    plan = plan_runs(cfg)
+    loss = {("adams", 0.5): 4.5, ("adams", 1.0): 4.2, ("scape99", 0.5): 4.6,
+            ("scape99", 1.0): 4.4, ("scape99", 2.0): 4.9}  # fmt: skip
+    for spec in plan:
+        if (spec.variant_name, spec.lr_scale) in loss:
+            _finished(tmp_path / "runs" / "v1", spec, loss[spec.variant_name, spec.lr_scale])
+    more = grid_extensions(cfg, plan, tmp_path, "v1")
+    assert sorted(s.run_id for s in more) == ["llama__adams__s0__t300__lr2",
+                                              "llama__adams__s1__t300__lr2"]  # fmt: skip
+    assert grid_extensions(cfg, plan, tmp_path, "v2") == []  # no runs of that version
+
+
 # ---------------------------------------------------------------- end to end (subprocess)
 def _quick(prepared_small: Path, out: Path) -> subprocess.CompletedProcess:
     cmd = [
