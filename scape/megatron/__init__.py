@@ -12,6 +12,7 @@ Modules (each one job):
   optimizer     Megatron DistributedOptimizer subclass: every rank's update of every entry
                 from the shared buffer, non-finite skip, weight decay, replica checksums
   checkpoint    atomic, validated save/resume of all SCAPE state
+  versions      where the tested megatron-core releases (0.16.1, 0.19.2) differ, in one place
 
 Typical use (see ``scape.megatron.train.train_step``)::
 

@@ -156,6 +156,19 @@ def _compat_observations() -> dict:
     return out
 
 
+def _version_observations() -> dict:
+    """The installed release and which of the DDP options SCAPE refuses it defines."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from scape.megatron.versions import REFUSED_DDP_OPTIONS, megatron_core_version
+
+    fields = DistributedDataParallelConfig.__dataclass_fields__
+    return {
+        "release": megatron_core_version(),
+        "defines": {option: option in fields for option in REFUSED_DDP_OPTIONS},
+    }
+
+
 def _param_counts() -> dict:
     """Every registered shape built by megatron (the big ones on the meta device: no memory,
     no init cost) against the closed-form count."""
@@ -178,6 +191,7 @@ def _dense_runs(rank, world_size):
 
     init_megatron(0)
     out = {"compat": _compat_observations(), "param_counts": _param_counts() if rank == 0 else {}}
+    out["versions"] = _version_observations()
     for shape_name in ("tiny-gpt", "tiny-llama"):
         shape = SHAPES[shape_name]
         batches = _batches(shape, rank)
@@ -289,3 +303,17 @@ def test_megatron_adams_equals_single_process_adams(results, shape):
         assert run["losses"] == run["ref_losses"]
         assert run["ref_max_abs_diff"] == 0.0
         assert run["digests"] == run["ref_digests"]
+
+
+def test_installed_release_is_tested_and_defines_the_refused_options_it_should(results):
+    """Whichever release runs (make test: 0.16.1, make test-mcore-latest: 0.19.2) is a tested
+    one, and every DDP option SCAPE refuses exists under that name from the release
+    versions.py says introduced it: a rename in a new release fails here, not silently."""
+    from scape.megatron.versions import REFUSED_DDP_OPTIONS, TESTED_VERSIONS
+
+    seen = results[0]["versions"]
+    assert seen["release"] in TESTED_VERSIONS
+    release = tuple(int(x) for x in seen["release"].split(".")[:2])
+    for option, since in REFUSED_DDP_OPTIONS.items():
+        expected = release >= tuple(int(x) for x in since.split("."))
+        assert seen["defines"][option] == expected, (option, seen["release"])
