@@ -93,7 +93,7 @@ class _InertStream:
     def wait_stream(self, stream: Any) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> None:
+    def record_event(self, event: Any = None) -> Any:
         return event
 
     def synchronize(self) -> None:
