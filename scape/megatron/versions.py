@@ -19,8 +19,8 @@ of them needs beyond that is here, each item naming the version that needs it:
 Differences that needed no code, for the record (both versions checked):
 
 * ``get_megatron_optimizer`` constructs ``DistributedOptimizer`` by its module-level name and
-  then sets further attributes on it (``grad_stats_parallel_group`` in both; ``tp_group`` and
-  ``expert_tp_group`` in 0.19): :func:`scape.megatron.optimizer.build_scape_optimizer` lets the
+  then sets further attributes on it (``grad_stats_parallel_group`` and ``tp_group`` in both,
+  ``expert_tp_group`` in 0.19 too): :func:`scape.megatron.optimizer.build_scape_optimizer` lets the
   factory construct SCAPE's subclass with the factory's own arguments, so whatever a release
   sets afterwards lands on SCAPE's optimizer.
 * 0.19's ``finish_grad_sync`` is idempotent within a step (``grad_reduce_finished``, reset
