@@ -96,6 +96,7 @@ def test_adapter_check_at_toy_sizes_times_every_part_and_matches_the_simulator(t
     parts = report["scape"]["parts"]
     assert set(PARTS) <= set(parts) and all(parts[k] > 0 for k in PARTS)
     assert parts["sum_s"] == pytest.approx(sum(parts[k] for k in PARTS))
+    assert report["ok"] is True
     sim = report["simulator"]
     assert sim["bit_identical"] and sim["within_tolerance"] and sim["max_abs_diff"] == 0.0
     assert len(sim["per_step"]) == sim["steps"] >= 3
