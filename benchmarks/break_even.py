@@ -174,12 +174,8 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
     r = [c["comm_over_compute"] for c in curve]
     styles = {"scape-99": "tab:blue", "scape-90": "tab:orange"}
     for m, color in styles.items():
-        ax.plot(
-            r,
-            [c[f"{m}/no_overlap"] for c in curve],
-            color=color,
-            label=f"{m} projected, no overlap",
-        )
+        ax.plot(r, [c[f"{m}/no_overlap"] for c in curve], color=color,
+                label=f"{m} projected, no overlap")  # fmt: skip
         ax.plot(r, [c[f"{m}/full_overlap"] for c in curve], color=color, ls="--",
                 label=f"{m} projected, overlap")  # fmt: skip
         for mode, marker in (("no_overlap", "o"), ("full_overlap", "s")):
@@ -221,7 +217,11 @@ def _bw(x: float | str | None) -> str:
 
 
 def summarize(cells: list[dict], curve: list[dict], points: list[dict], a: Assumptions) -> dict:
-    at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in grid_subset(cells)}
+    at = {
+        (c["link_gbit"], c["tokens_per_gpu"]): c
+        for c in cells
+        if c["tokens_per_gpu"] in TABLE_TOKENS
+    }
     be = {f"{m}/{mode}": {t: break_even_bandwidth(cells, f"{m}/{mode}", t) for t in TABLE_TOKENS}
           for m in METHODS for mode in MODES}  # fmt: skip
     be_json = {k: {t: "above the grid" if v is not None and math.isinf(v) else v
@@ -241,10 +241,6 @@ def summarize(cells: list[dict], curve: list[dict], points: list[dict], a: Assum
             "comm_over_compute_at": {f"{b}gbit/{t}": at[(float(b), t)]["comm_over_compute"]
                                      for b in (100, 400) for t in TABLE_TOKENS},
             "measured": points}  # fmt: skip
-
-
-def grid_subset(cells: list[dict]) -> list[dict]:
-    return [c for c in cells if c["tokens_per_gpu"] in TABLE_TOKENS]
 
 
 def in_words(summary: dict) -> str:
@@ -316,29 +312,7 @@ def markdown(summary: dict, cells: list[dict]) -> str:
                 else f"x{c['scape-99/no_overlap']:.2f} / x{c['scape-99/full_overlap']:.2f}"
             )
         lines.append(f"| {t:,} | " + " | ".join(row) + " |")
-    pts = summary["measured"]
-    if pts:
-        lines += ["", "Emulated measurements (`make bench-step`) at their own comm/compute ratio "
-                  "(dense AdamS without overlap on the emulated link; CPU ranks, fp32, gloo), "
-                  "measured and projected SCAPE-99 speed-up:", "",
-                  "| ranks x link | dense comm / compute | SCAPE-99 measured | projected | "
-                  "SCAPE-99 vs overlapped dense | projected | load before/after |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for p in pts:
-
-            def f(x):
-                return "-" if x is None else f"x{x:.2f}"
-
-            load = (
-                "-"
-                if p.get("load_before") is None
-                else f"{p['load_before']:.2f}/{p['load_after']:.2f}"
-            )
-            lines.append(f"| {p['world_size']} x {p['link']} | {p['comm_over_compute']:.2f} | "
-                         f"{f(p.get('scape-99/no_overlap'))} | {f(p.get('scape-99/no_overlap/projected'))} | "
-                         f"{f(p.get('scape-99/full_overlap'))} | {f(p.get('scape-99/full_overlap/projected'))} | "
-                         f"{load}{' noisy' if p['noisy'] else ''} |")  # fmt: skip
-    else:
+    if not summary["measured"]:
         lines += ["", "No emulated measurement yet (`make bench-step` writes megatron_step.json)."]
     return "\n".join(lines) + "\n"
 

@@ -3,39 +3,30 @@
     python -m benchmarks.megatron_step            # the sweep: results/bench/megatron_step.json
     python -m benchmarks.megatron_step --parts    # the floor by part: results/bench/floor_parts.json
 
-**What is timed.** Each method is a pretrain-stage configuration (``optimizer=adams``,
-``optimizer=scape99`` ...) built and stepped by the stage's own engine, schedule and data
-(:func:`benchmarks.harness.workers.step_worker`): the time of ``engine.step``, which the
-trainer logs as ``step_time``. Ranks run in network namespaces joined by veths shaped with
-``tc tbf`` (:mod:`benchmarks.harness.netns`); a step counts at its slowest rank.
+Each method is a pretrain-stage configuration (``optimizer=scape99`` ...) stepped by the
+stage's own engine (:func:`benchmarks.harness.step.step_worker`); the time is that of
+``engine.step``, the trainer's ``step_time``, at the slowest rank. Per rank count (2, 4), one
+round per link rate (10 Gbit/s, 1 Gbit/s, 100 Mbit/s: ranks in network namespaces behind
+``tc tbf`` links). In a round each method runs in rank processes of its own: its launch on
+the links (its steps, then its own collectives timed bare at the sizes its step sent), then
+its *floor* launch, the same steps in PyTorch's fake process group where every collective
+returns at once (step and floor minutes apart: this host's speed drifts unseen by the load
+average). Each round is a quiet-protocol round (:mod:`benchmarks.harness.quiet`); the JSON
+is written after every round; ``--budget-min`` stops starting rounds.
 
-**Rounds.** Per rank count (2, 4) one round per link rate (10 Gbit/s, 1 Gbit/s, 100 Mbit/s).
-In a round each method runs in rank processes of its own, as a training run does: its
-launch on the links (its steps, then its own collectives timed bare at the sizes its step
-sent), then its *floor* launch -- the same steps in PyTorch's fake process group, where
-every collective returns at once, locally (forward, backward, Megatron's bookkeeping and
-the optimizer's work stay; transfers and waits go). Step and floor are thus minutes apart:
-this machine's speed drifts within an hour, unseen by the load average. Methods: dense
-AdamS with Megatron's overlap of gradient reduce-scatters with backward and without,
-SCAPE-90, SCAPE-99. Each round is a quiet-protocol round (:mod:`benchmarks.harness.quiet`:
-load and host probe before and after, re-run when disturbed, else marked noisy);
-``--budget-min`` stops starting rounds after that many minutes. The JSON is written after
-every round.
+The model (4 layers, hidden 384, 16 tokens per rank per step, buckets of 2.5M) is small so
+that, as in the paper's communication-bound setting, dense AdamS's exchange is a large part
+of its step; the three rates put it on both sides of its compute.
 
-**The model**: a Llama of 4 layers, hidden 384, FFN 1024 on the 4,096-entry vocabulary,
-16 tokens per rank per step, Megatron buckets of 2.5M elements. The paper's claim is about a
-communication-bound step; on CPU cores the same balance needs a small compute load, and the
-three rates put dense AdamS's exchange on both sides of its compute.
-
-**Cost model**: a method's predicted step = its floor + the exposed time of its collectives,
-each booked at its own bare timing. With Megatron's overlap the gradient sync (dense: the
-reduce-scatters; SCAPE: its values' all-reduces) hides behind backward up to
-(calls-1)/calls of it, the last call always exposed; dense's parameter all-gathers follow
-the step; SCAPE's mask all-gather, made a step ahead, hides behind the step's compute.
+Cost model: a method's step = its floor + the exposed time of its collectives, each booked
+at its bare timing. With Megatron's overlap the gradient sync (dense: reduce-scatters;
+SCAPE: its values' all-reduces) hides behind backward up to (calls-1)/calls of it, the last
+call always exposed; dense's parameter all-gathers follow the step; SCAPE's mask all-gather,
+made a step ahead, hides behind the step's compute.
 
 ``--parts``: each method's floor launch under ``torch.profiler``; SCAPE's named spans
-(``record_function`` in :mod:`scape.megatron`) give its parts per step. The profiler slows
-every op, so read the parts as proportions.
+(``record_function`` in :mod:`scape.megatron`) give its parts per step, as proportions (the
+profiler slows every op).
 """
 
 from __future__ import annotations
@@ -57,7 +48,13 @@ from benchmarks.harness import quiet
 from benchmarks.harness.launch import LaunchError, error_summary, launch_ranks
 from benchmarks.harness.netns import Cluster, LinkSpec, ready_or_skip
 from benchmarks.harness.records import Call, MethodSteps, Point, Round, Sweep, from_json, to_json
-from benchmarks.harness.workers import step_worker
+from benchmarks.harness.step import (
+    forward_backward,
+    prepare_data,
+    slowest_calls,
+    step_worker,
+    summarize,
+)
 
 __all__ = ["BENCH_MODEL", "DENSE", "PARTS", "SWEEP_METHODS", "main", "predict", "sweep_points"]
 
@@ -91,60 +88,7 @@ def methods_for(world: int, data_root: Path, output_root: Path, extra: list[str]
     return out
 
 
-def prepare_data(methods: list[dict[str, Any]]) -> None:
-    """Prepare the corpus the methods train on if it is not there yet (the prepare stage)."""
-    from data_prep.config import PrepareConfig
-    from data_prep.dataset import prepared_dir
-    from pipelines.prepare import run as prepare_run
-    from pipelines.training.config import compose
-
-    cfg = compose(methods[0]["overrides"])  # every method trains on the same data
-    if not (
-        prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name) / "metadata.json"
-    ).is_file():
-        print(f"preparing {cfg.data.name} with {cfg.tokenizer.name} in {cfg.data_root}", flush=True)
-        prepare_run(
-            PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer, output_root=cfg.data_root)
-        )
-
-
 # ---------------------------------------------------------------------------- summaries
-def summarize(results: list[dict[str, Any]]) -> dict[str, MethodSteps]:
-    """Per method of a launch: each measured step at its slowest rank, rank 0's counted bytes
-    (median per kind), the interfaces' sent bytes (ranks' mean, median over steps)."""
-    out = {}
-    for name, info in results[0]["methods"].items():
-        rows = [[r for r in res["steps"] if r["method"] == name and r["measured"]]
-                for res in results]  # fmt: skip
-        by_step = list(zip(*rows, strict=True))
-        kinds = sorted({k for r in rows[0] for k in r["bytes"]})
-        wire = [statistics.fmean(r["tx_bytes"] for r in step) for step in by_step
-                if all(r["tx_bytes"] is not None for r in step)]  # fmt: skip
-        out[name] = MethodSteps(
-            **info, step_s_all=[max(r["seconds"] for r in step) for step in by_step],
-            bytes_per_rank={k: statistics.median(r["bytes"].get(k, 0.0) for r in rows[0])
-                            for k in kinds},
-            wire_bytes_per_rank=statistics.median(wire) if wire else None,
-            loss_last=rows[0][-1].get("loss") if rows[0] else None)  # fmt: skip
-    return out
-
-
-def slowest_calls(results: list[dict[str, Any]]) -> dict[str, list[Call]]:
-    """Each method's timed collectives, every repetition at its slowest rank."""
-    return {name: [Call(c["kind"], c["op"], c["nbytes"],
-                        [max(res["calls"][name][i]["times"][j] for res in results)
-                         for j in range(len(c["times"]))])
-                   for i, c in enumerate(calls)]
-            for name, calls in (results[0].get("calls") or {}).items()}  # fmt: skip
-
-
-def forward_backward(results: list[dict[str, Any]]) -> tuple[float, float]:
-    """A floor launch's forward and backward seconds: median over repetitions of the slowest."""
-    reps = range(len(results[0]["fwd_bwd"]))
-    return tuple(statistics.median(max(res["fwd_bwd"][i][part] for res in results) for i in reps)
-                 for part in (0, 1))  # fmt: skip
-
-
 def predict(m: MethodSteps, floor_s: float, backward_s: float | None,
             calls: list[Call]) -> dict[str, float]:  # fmt: skip
     """The cost model for one method in one round (seconds, by part; module docstring)."""
@@ -300,36 +244,21 @@ def parts(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--parts",
-        action="store_true",
-        help="the floor by part under the profiler (make bench-floor-parts)",
-    )
+    parser.add_argument("--parts", action="store_true",
+                        help="the floor by part under the profiler (make bench-floor-parts)")  # fmt: skip
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="rank counts")
     parser.add_argument("--rates-mbit", type=float, nargs="+", default=[10000.0, 1000.0, 100.0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per method")
     parser.add_argument("--warmup", type=int, default=3, help="steps per method left out")
-    parser.add_argument(
-        "--budget-min",
-        type=float,
-        default=60.0,
-        help="start no round or re-run after this many minutes",
-    )
+    parser.add_argument("--budget-min", type=float, default=60.0,
+                        help="start no round or re-run after this many minutes")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument(
-        "--loopback",
-        action="store_true",
-        help="no namespaces or shaping (functional checks; not a speed measure)",
-    )
-    parser.add_argument(
-        "--methods", nargs="+", default=None, help=f"shell patterns over {', '.join(SWEEP_METHODS)}"
-    )
-    parser.add_argument(
-        "--model-overrides",
-        nargs="+",
-        default=[],
-        help="pretrain overrides added to every method (functional checks)",
-    )
+    parser.add_argument("--loopback", action="store_true",
+                        help="no namespaces or shaping (functional checks; not a speed measure)")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help=f"shell patterns over {', '.join(SWEEP_METHODS)}")  # fmt: skip
+    parser.add_argument("--model-overrides", nargs="+", default=[],
+                        help="pretrain overrides added to every method (functional checks)")  # fmt: skip
     parser.add_argument("--data-root", type=Path, default=ROOT / "data")
     parser.add_argument("--out", type=Path, default=None)
     quiet.add_arguments(parser)

@@ -16,9 +16,9 @@ runs it: ``step_bucket_``): every rank steps every entry itself, which is what r
 parameter all-gather. Dense ZeRO-1 as Megatron does it:
 scale the W*S grads in place, AdamS on the S owned entries, copy them into the param buffer.
 
-``gpu_model`` turns the memory-traffic model of each part
-(:func:`benchmarks.harness.paper.traffic_bytes`) into GPU time at an assumed HBM bandwidth:
-a model, not a measurement, and labelled so.
+The projection models the same parts' GPU time from their memory traffic
+(:func:`benchmarks.harness.paper.traffic_bytes`); this file's GPU timings replace that model
+when there is a GPU.
 """
 
 from __future__ import annotations
@@ -35,16 +35,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import quiet
-from benchmarks.harness.paper import PAPER_MODELS, SCAPE_STEP, traffic_bytes
+from benchmarks.harness.paper import PAPER_MODELS, SCAPE_STEP
 from scape.adams import adams_update_
 from scape.basis import ShardBasis
 from scape.config import ScapeConfig
 from scape.shard import accumulate, commit_moment_, decay_runs, owner_mask, pack, step_bucket_
 
-__all__ = ["gpu_model", "measure"]
-
-GH200_HBM_BPS = 4.0e12  # GH200 96 GB HBM3, ~4 TB/s (reference doc)
-HBM_EFFICIENCY = 0.6  # assumed: gathers/scatters and top-k run below streaming bandwidth
+__all__ = ["main", "measure"]
 VALUE_DTYPE = "bfloat16"  # on the wire, as the projection assumes
 LR, WD = 1e-4, 0.1
 
@@ -88,7 +85,7 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
     def run_pack() -> None:
         held["wire"] = pack(basis, held["cand"], masks, world_size=world, value_dtype=VALUE_DTYPE)
 
-    scape_parts: dict[str, Callable[[], object]] = {
+    scape_parts: dict[str, Callable[[], object]] = {  # fmt: skip
         "select": lambda: owner_mask(basis, moment[:shard]),
         "accumulate": run_accumulate,
         "pack": run_pack,
@@ -110,7 +107,7 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
             lr=LR,
             beta=cfg.second_moment_beta,
             eps=1e-8,
-        ),  # fmt: skip
+        ),
     }
     own = slice(0, shard)
 
@@ -139,27 +136,9 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
     med = {name: statistics.median(ts) for name, ts in times.items()}
     scape_total = sum(v for n_, v in med.items() if n_.startswith("scape."))
     dense_total = sum(v for n_, v in med.items() if n_.startswith("dense."))
-    return {
-        "selected_per_shard": basis.num_selected,
-        "median_s": med,
-        "scape_total_s": scape_total,
-        "dense_total_s": dense_total,
-        "dense_update_s": med["dense.update"],
-        "scape_over_dense_total": scape_total / dense_total,
-        "scape_over_dense_update": scape_total / med["dense.update"],
-    }
-
-
-def gpu_model(world: int, shard: int, selected: int, buckets: int) -> dict[str, float]:
-    """Modeled GPU seconds per step (memory-bound parts at an assumed HBM bandwidth)."""
-    t = traffic_bytes(world, shard, selected)
-    bw = GH200_HBM_BPS * HBM_EFFICIENCY
-    return {
-        "assumed_hbm_Bps": GH200_HBM_BPS,
-        "assumed_efficiency": HBM_EFFICIENCY,
-        "scape_s_per_step": buckets * sum(t["scape"].values()) / bw,
-        "dense_s_per_step": buckets * sum(t["dense"].values()) / bw,
-    }
+    return {"selected_per_shard": basis.num_selected, "median_s": med,
+            "scape_total_s": scape_total, "dense_total_s": dense_total,
+            "scape_over_dense_total": scape_total / dense_total}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,31 +174,19 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"== overhead: {device.type}, {label}, W={args.world_size}, S={shard}", flush=True
             )
-            m = quiet.run_round(
-                f"{device.type} {label}",
-                lambda sparsity=sparsity, device=device: measure(
-                    args.world_size, shard, sparsity, args.repeats, device
-                ),
-                protocol,
-            )
+            m = quiet.run_round(f"{device.type} {label}", lambda s=sparsity, d=device: measure(
+                args.world_size, shard, s, args.repeats, d), protocol)  # fmt: skip
             m["per_step_s"] = {model: {"scape": b * m["scape_total_s"], "dense": b * m["dense_total_s"]}
                                for model, b in buckets.items()}  # fmt: skip
-            m["gpu_model"] = gpu_model(args.world_size, shard, m["selected_per_shard"],
-                                       buckets["llama-1.8b"])  # fmt: skip
             per_sparsity[label] = m
             print(f"  SCAPE {m['scape_total_s'] * 1e3:.1f} ms vs dense {m['dense_total_s'] * 1e3:.1f} ms"
                   f" per bucket (x{m['scape_over_dense_total']:.2f})", flush=True)  # fmt: skip
-        report["devices"][device.type] = {"name": _device_name(device), **per_sparsity}
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (1 thread)"
+        report["devices"][device.type] = {"name": name, **per_sparsity}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return 0
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} thread)"
 
 
 if __name__ == "__main__":

@@ -28,8 +28,7 @@ from benchmarks.harness.netns import tx_bytes
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ByteCounter, ring_bytes_per_rank
 from scape.config import ScapeConfig
 
-__all__ = ["CollectiveTap", "LlamaShape", "MegatronMethod", "MethodSpec", "batch_for",
-           "bytecount_worker", "corpus_bytes"]  # fmt: skip
+__all__ = ["CollectiveTap", "LlamaShape", "MegatronMethod", "MethodSpec", "bytecount_worker"]
 
 _WIKI = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -44,11 +43,6 @@ class LlamaShape:
     seq: int = 64
     batch: int = 1  # sequences per rank per step
 
-    def num_params(self) -> int:
-        h, f = self.hidden, self.ffn
-        per_layer = 4 * h * h + 3 * h * f + 2 * h
-        return self.layers * per_layer + 2 * self.vocab * h + h
-
 
 @lru_cache(maxsize=1)
 def corpus_bytes(limit: int = 2_000_000) -> Tensor:
@@ -60,16 +54,8 @@ def corpus_bytes(limit: int = 2_000_000) -> Tensor:
             with bz2.open(path) as fh:
                 raw = fh.read(limit)
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
-    # Fallback: a seeded order-1 Markov stream, so gradients still have structure.
-    g = torch.Generator().manual_seed(0)
-    probs = torch.softmax(3.0 * torch.randn(256, 256, generator=g), dim=1)
-    out = torch.empty(limit // 8, dtype=torch.int64)
-    out[0] = 0
-    draws = torch.rand(out.numel(), generator=g)
-    cdf = probs.cumsum(1)
-    for i in range(1, out.numel()):
-        out[i] = min(255, int(torch.searchsorted(cdf[out[i - 1]], draws[i])))
-    return out
+    # without the sample (gensim is pinned, so only off the lock): seeded bytes; counts alike
+    return torch.randint(0, 256, (limit // 8,), generator=torch.Generator().manual_seed(0))
 
 
 def batch_for(shape: LlamaShape, *, rank: int, step: int, world_size: int) -> Tensor:
@@ -133,24 +119,18 @@ def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def megatron_shape(shape: LlamaShape):
-    from scape.megatron.models import ModelShape
-
-    return ModelShape("bench-llama", "llama", shape.layers, shape.hidden, shape.heads, shape.ffn,
-                      shape.vocab, shape.seq)  # fmt: skip
-
-
 class MegatronMethod:
     """One contender through Megatron; ``step`` is one train step and the bytes it sent."""
 
     def __init__(self, spec: MethodSpec, shape: LlamaShape, tap: CollectiveTap, *,
                  bucket_size: int | None = None, seed: int = 0) -> None:  # fmt: skip
         from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, wrap_ddp
-        from scape.megatron.models import build_gpt_model
+        from scape.megatron.models import ModelShape, build_gpt_model
 
         self.spec = spec
         torch.manual_seed(seed)  # every method (and rank) starts from the same weights
-        config, model = build_gpt_model(megatron_shape(shape))
+        config, model = build_gpt_model(ModelShape("bench-llama", "llama", shape.layers, shape.hidden,
+                                                   shape.heads, shape.ffn, shape.vocab, shape.seq))  # fmt: skip
         # Overlap on, so that ``bucket_size`` gives several buckets (Megatron uses one without).
         self.ddp = wrap_ddp(config, model, bucket_size=bucket_size, overlap_grad_reduce=True)
         if spec.optimizer == "scape":

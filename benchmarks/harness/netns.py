@@ -8,10 +8,8 @@ Each link is shaped with ``tc tbf`` on *both* ends of its veth: the rank side li
 node's upload, the switch side its download, so a link is full duplex at ``rate`` each way
 (netem does not exist in this kernel, so there is no added delay; tbf's queue adds some).
 
-Names carry the creating pid, so a crashed run never blocks the next one, and
-:func:`remove_stale` deletes leftovers whose creator is gone. Namespaces are deleted in
-``down()`` (called from ``__exit__`` and from ``atexit``); deleting a namespace destroys
-the veth ends inside it, so nothing else needs undoing.
+Names carry the creating pid, so :func:`remove_stale` can delete a killed run's leftovers.
+``down()`` (from ``__exit__`` and ``atexit``) deletes the namespaces, and with them the veths.
 """
 
 from __future__ import annotations
@@ -88,39 +86,23 @@ def skip_reason() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, and not ours
-        return True
-    return True
-
-
 def remove_stale() -> list[str]:
     """Delete namespaces left by benchmark runs whose process no longer exists."""
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    removed = []
-    for line in out.stdout.splitlines():
-        name = line.split()[0] if line.strip() else ""
-        match = _NAME_RE.match(name)
-        if match and not _pid_alive(int(match.group(1))):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-            removed.append(name)
-    return removed
+    names = [ln.split()[0] for ln in _run(["ip", "netns", "list"]).splitlines() if ln.strip()]
+    stale = [n for n in names if (m := _NAME_RE.match(n)) and not Path(f"/proc/{m[1]}").exists()]
+    for name in stale:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    return stale
 
 
 def ready_or_skip(bench: str, out: Path) -> bool:
     """True when namespaces can be built (after removing a killed run's leftovers); else say
     why, write ``{"skipped": why}`` to ``out`` (so reports can tell) and return False."""
-    reason = skip_reason()
-    if reason:
+    if reason := skip_reason():
         print(f"{bench} SKIPPED: {reason}")
         out.write_text(json.dumps({"skipped": reason}, indent=1))
         return False
-    stale = remove_stale()
-    if stale:
+    if stale := remove_stale():
         print(f"removed stale namespaces: {', '.join(stale)}")
     return True
 
@@ -136,8 +118,7 @@ class Cluster:
         self.switch_ns = f"{tag}-sw"
         self.rank_ns = [f"{tag}-r{r}" for r in range(world_size)]
         self.addrs = [f"{SUBNET}.{r + 1}" for r in range(world_size)]
-        self.ifname = IFNAME
-        self._created: list[str] = []
+        self.ifname, self._created = IFNAME, []
 
     def up(self) -> Cluster:
         atexit.register(self.down)
@@ -177,12 +158,6 @@ class Cluster:
     def exec_argv(self, rank: int, argv: list[str]) -> list[str]:
         """``argv`` run inside rank ``rank``'s namespace."""
         return ["ip", "netns", "exec", self.rank_ns[rank], *argv]
-
-    def dropped_packets(self) -> int:
-        """Packets the shapers dropped so far (tc's statistics), for the record."""
-        stats = "".join(_run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"])
-                        for ns in [*self.rank_ns, self.switch_ns])  # fmt: skip
-        return sum(int(n) for n in re.findall(r"dropped (\d+)", stats))
 
     def __enter__(self) -> Cluster:
         return self.up()

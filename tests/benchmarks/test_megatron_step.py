@@ -12,7 +12,7 @@ from benchmarks import megatron_step as ms
 from benchmarks.harness import netns, quiet
 from benchmarks.harness.netns import skip_reason
 from benchmarks.harness.records import Call, MethodSteps, Quiet, Round, Sweep, from_json, to_json
-from benchmarks.harness.workers import step_calls
+from benchmarks.harness.step import slowest_calls, step_calls, summarize
 
 # The machine may be shared (studies, other tests): these check function, not speed.
 QUIET_OFF = ["--allow-busy", "--retries", "0", "--settle-s", "0"]
@@ -45,7 +45,7 @@ def _m(steps, **kw):
 def test_a_step_counts_at_its_slowest_rank():
     r0 = _rank(0, {"a": [9.0, 1.0, 1.0, 1.0, 1.0]})
     r1 = _rank(1, {"a": [9.0, 1.0, 3.0, 2.0, 1.0]})
-    s = ms.summarize([r0, r1])["a"]
+    s = summarize([r0, r1])["a"]
     assert s.step_s_all == [1.0, 3.0, 2.0, 1.0]  # warm-up left out, max over ranks
     assert s.step_s == 1.5 and s.quartiles == (1.0, 2.25)  # inclusive quartiles
     assert s.bytes_per_rank == {"grad_values": 402.5, "param_values": 400.0}  # rank 0, median
@@ -56,7 +56,7 @@ def test_each_methods_collectives_are_timed_at_the_slowest_rank_of_each_repetiti
     def calls(times):
         return {"a": [{"kind": "values", "op": "all_reduce", "nbytes": 16, "times": times}]}
 
-    (c,) = ms.slowest_calls([_rank(0, {}, calls=calls([0.1, 0.5, 0.2])),
+    (c,) = slowest_calls([_rank(0, {}, calls=calls([0.1, 0.5, 0.2])),
                              _rank(1, {}, calls=calls([0.3, 0.1, 0.2]))])["a"]  # fmt: skip
     assert c == Call("values", "all_reduce", 16, [0.3, 0.5, 0.2]) and c.seconds == 0.3
 

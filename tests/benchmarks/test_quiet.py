@@ -128,14 +128,6 @@ def test_a_round_disturbed_every_time_is_marked_noisy_after_the_retries():
     assert rec["quiet"]["noisy"] and "load 4.00 > 1.5" in rec["quiet"]["noisy_reason"]
 
 
-def test_a_round_that_finds_itself_disturbed_is_rerun():
-    records = iter([{"disturbed": "its two passes disagree"}, {}])
-    rec = run_round("r", lambda: next(records), _protocol([1.0, 1.0, 1.0, 1.0]))
-    q = rec["quiet"]
-    assert q["attempts"][0]["disturbed"] == "its two passes disagree"
-    assert len(q["attempts"]) == 2 and not q["noisy"]
-
-
 def test_settle_waits_for_the_load_to_drop():
     loads = iter([3.0, 2.0, 1.4, 1.2])
     slept = []

@@ -1,7 +1,7 @@
-"""The rank workers of the pretrain-stage benchmarks, run by :func:`benchmarks.harness.launch.main`.
+"""The pretrain stage's step timer: a rank worker (``make bench-step``, ``bench-peers-cluster``).
 
-:func:`step_worker` (``make bench-step``): every method of the spec is a pretrain-stage
-configuration (``overrides`` as on ``python -m pipelines.pretrain``'s command line). The rank
+Every method of the spec is a pretrain-stage configuration (``overrides`` as on
+``python -m pipelines.pretrain``'s command line). The rank
 builds each one's engine with the stage's own :func:`pipelines.training.engine.build_engine`,
 its lr schedule with the trainer's, feeds it the trainer's data, and times ``engine.step``
 -- the call whose wall time the trainer logs as ``step_time`` -- a barrier before each.
@@ -10,24 +10,22 @@ with ``time_calls``, then times the method's own collectives bare at the sizes i
 sent (what the cost model books them at). In the ``fake`` group (the compute-only floor:
 every collective returns at once, locally) it also times forward and backward alone.
 Nothing here depends on how SCAPE's step works inside.
-
-:func:`pretrain_worker` (``make bench-peers-cluster``): the pretrain stage's trainer,
-unchanged, in a fresh run directory; rank 0 returns its per-step ``step_time``, bytes and
-loss read back from ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from benchmarks.harness.netns import tx_bytes
+from benchmarks.harness.records import Call, MethodSteps
 
-__all__ = ["pretrain_worker", "read_steps", "step_calls", "step_worker", "time_collectives"]
+__all__ = ["forward_backward", "prepare_data", "slowest_calls", "step_calls", "step_worker",
+           "summarize", "time_collectives"]  # fmt: skip
 
 FWD_BWD_REPS = 3
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
@@ -95,7 +93,8 @@ def _fwd_bwd(engine, batches) -> tuple[float, float]:
 
 def _method_info(cfg, ddp, world: int) -> dict[str, Any]:
     scape = cfg.optimizer.scape if cfg.optimizer.name == "scape" else None
-    buckets = sum(len(g.buckets) for g in ddp.bucket_groups)
+    # Megatron's DDP has bucket groups; the peer baselines' torch DDP has none
+    buckets = sum(len(g.buckets) for g in getattr(ddp, "bucket_groups", []))
     return {"label": cfg.optimizer.label, "optimizer": cfg.optimizer.name,
             "model": cfg.model.name, "n_params": sum(p.numel() for p in ddp.module.parameters()),
             "buckets": buckets, "overlap_grad_reduce": bool(cfg.train.overlap_grad_reduce),
@@ -169,34 +168,54 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return result
 
 
-def read_steps(metrics_path: Path) -> dict[str, list]:
-    """Per-step lists from a run's metrics.jsonl (records without ``step_time`` are skipped)."""
-    from pipelines.training.tracking import read_metrics
-
-    records = sorted((r for r in read_metrics(metrics_path) if "step_time" in r),
-                     key=lambda r: int(r["step"]))  # fmt: skip
-    return {"step": [int(r["step"]) for r in records],
-            "step_time": [float(r["step_time"]) for r in records],
-            "bytes": [float(sum((r.get("bytes") or {}).values())) for r in records],
-            "bytes_by_kind": [r.get("bytes") or {} for r in records],
-            "loss": [r.get("loss") for r in records]}  # fmt: skip
-
-
-def pretrain_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """One rank of the real pretrain stage (``overrides``, a fresh ``run_dir``: the trainer
-    resumes from any checkpoint it finds there)."""
+def prepare_data(methods: list[dict[str, Any]]) -> None:
+    """Prepare the corpus the methods train on if it is not there yet (the prepare stage)."""
+    from data_prep.config import PrepareConfig
+    from data_prep.dataset import prepared_dir
+    from pipelines.prepare import run as prepare_run
     from pipelines.training.config import compose
-    from pipelines.training.runs import train_joined_rank
-    from pipelines.training.tracking import METRICS_FILE
 
-    start = time.perf_counter()
-    cfg = compose(spec["overrides"])
-    run_dir = Path(spec["run_dir"])
-    summary = train_joined_rank(rank, world, cfg, run_dir)
-    result: dict[str, Any] = {"status": summary.get("status"),
-                              "seconds": time.perf_counter() - start}  # fmt: skip
-    if rank == 0:
-        result.update(optimizer=cfg.optimizer.name, label=cfg.optimizer.label,
-                      model=cfg.model.name, train_seconds=summary.get("wall_clock_s_this_session"),
-                      **read_steps(run_dir / METRICS_FILE))  # fmt: skip
-    return result
+    cfg = compose(methods[0]["overrides"])  # every method trains on the same data
+    if not (
+        prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name) / "metadata.json"
+    ).is_file():
+        print(f"preparing {cfg.data.name} with {cfg.tokenizer.name} in {cfg.data_root}", flush=True)
+        prepare_run(
+            PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer, output_root=cfg.data_root)
+        )
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, MethodSteps]:
+    """Per method of a launch: each measured step at its slowest rank, rank 0's counted bytes
+    (median per kind), the interfaces' sent bytes (ranks' mean, median over steps)."""
+    out = {}
+    for name, info in results[0]["methods"].items():
+        rows = [[r for r in res["steps"] if r["method"] == name and r["measured"]]
+                for res in results]  # fmt: skip
+        by_step = list(zip(*rows, strict=True))
+        kinds = sorted({k for r in rows[0] for k in r["bytes"]})
+        wire = [statistics.fmean(r["tx_bytes"] for r in step) for step in by_step
+                if all(r["tx_bytes"] is not None for r in step)]  # fmt: skip
+        out[name] = MethodSteps(
+            **info, step_s_all=[max(r["seconds"] for r in step) for step in by_step],
+            bytes_per_rank={k: statistics.median(r["bytes"].get(k, 0.0) for r in rows[0])
+                            for k in kinds},
+            wire_bytes_per_rank=statistics.median(wire) if wire else None,
+            loss_last=rows[0][-1].get("loss") if rows[0] else None)  # fmt: skip
+    return out
+
+
+def slowest_calls(results: list[dict[str, Any]]) -> dict[str, list[Call]]:
+    """Each method's timed collectives, every repetition at its slowest rank."""
+    return {name: [Call(c["kind"], c["op"], c["nbytes"],
+                        [max(res["calls"][name][i]["times"][j] for res in results)
+                         for j in range(len(c["times"]))])
+                   for i, c in enumerate(calls)]
+            for name, calls in (results[0].get("calls") or {}).items()}  # fmt: skip
+
+
+def forward_backward(results: list[dict[str, Any]]) -> tuple[float, float]:
+    """A floor launch's forward and backward seconds: median over repetitions of the slowest."""
+    reps = range(len(results[0]["fwd_bwd"]))
+    return tuple(statistics.median(max(res["fwd_bwd"][i][part] for res in results) for i in reps)
+                 for part in (0, 1))  # fmt: skip
