@@ -1,8 +1,7 @@
 """A pretrain run's directory: where it lives, claiming it for one run's settings, and
 training one rank of a joined process group in it.
 
-Shared by the pretrain stage (local ranks), the Slurm tasks (:mod:`pipelines.training.slurm`)
-and the benchmark ranks (:mod:`benchmarks.pretrain_rank`).
+Shared by the pretrain stage (local ranks) and the Slurm tasks (:mod:`pipelines.training.slurm`).
 """
 
 from __future__ import annotations
