@@ -174,7 +174,6 @@ def _time_kernels(timer, moment, grad, *, sparsity, shard, n_buckets, world_size
     }
 
 
-def megatron_steps(
 def time_steps(rank: int, world_size: int, *, shape: str, sparsity: float | None, steps: int,
                warmup: int, batch: int, bucket_size: int | None, bf16: bool) -> dict:  # fmt: skip
     """Rank 0's median and mean step wall time of dense AdamS (``sparsity`` None) or SCAPE
@@ -228,6 +227,7 @@ def time_steps(rank: int, world_size: int, *, shape: str, sparsity: float | None
     return out
 
 
+def megatron_steps(
     *, shape: str, steps: int, warmup: int, batch: int, sparsities, cpu: bool
 ) -> list:
     from scape.spawn import run_distributed
