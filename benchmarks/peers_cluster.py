@@ -123,25 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rate-mbit", type=float, default=1000)
-    parser.add_argument(
-        "--steps", type=int, default=30, help="steps per run, --skip of them left out"
-    )
+    parser.add_argument("--steps", type=int, default=30,
+                        help="steps per run, --skip of them left out")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=5,
-        help="train.warmup_steps for every method (1-bit Adam's freeze step)",
-    )
-    parser.add_argument(
-        "--skip", type=int, default=None, help="first steps left out (default: warm-up + 2)"
-    )
-    parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=None,
-        help=f"optimizer configs (default: the sweep of {EXPERIMENT})",
-    )
+    parser.add_argument("--warmup-steps", type=int, default=5,
+                        help="train.warmup_steps for every method (1-bit Adam's freeze step)")  # fmt: skip
+    parser.add_argument("--skip", type=int, default=None,
+                        help="first steps left out (default: warm-up + 2)")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help=f"optimizer configs (default: the sweep of {EXPERIMENT})")  # fmt: skip
     parser.add_argument("--loopback", action="store_true", help="no namespaces and no shaping")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--data-root", type=Path, default=ROOT / "data")

@@ -7,5 +7,4 @@ netns      the emulated cluster: namespaces, bridge, veths and tbf shapers
 quiet      the quiet-machine protocol (load, host probe, re-runs, noisy)
 records    the step sweep's records and their one (de)serializer
 paper      the paper's scale by formula: buckets, bytes, optimizer traffic
-steptime   Megatron step time of one method (``scripts/gpu_check.py``)
 """

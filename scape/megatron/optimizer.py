@@ -156,7 +156,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
             basis = None if dense else st.bases[b]
             masks = None if dense else st.masks[b]
             span = slice(shard.start, shard.end)
-            # record_function: named spans for torch.profiler (benchmarks.floor_parts)
+            # record_function: named spans for torch.profiler (benchmarks.megatron_step --parts)
             with record_function("scape.commit"):
                 commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
                                world_size=W)  # fmt: skip
