@@ -49,7 +49,7 @@ def study_overrides(out_dir: Path, data_dir: str, *, smoke: bool) -> list[str]:
 
 def collect(out_dir: Path) -> dict:
     runs = {}
-    for path in sorted((out_dir / "runs").glob("*.jsonl")):
+    for path in sorted((out_dir / "runs").rglob("*.jsonl")):  # runs/<code version>/
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         header, final = lines[0], lines[-1]
         runs[header["variant"]] = {
