@@ -30,16 +30,21 @@ __all__ = ["UNSTAMPED", "LrChoice", "choose_lr", "code_version", "step_code", "v
 UNSTAMPED = "unstamped"  # runs made before runs recorded their commit
 
 
-# The source that computes a run's numbers: a change here may change them, a change
-# anywhere else (the report, the docs, the stages) cannot. Conservative: a rename in these
-# files also starts a new code version.
-STEP_SOURCES = ("scape", "pipelines/studies/quality_run.py", "pipelines/studies/quality_data.py",
-                "pipelines/studies/readings.py", "pipelines/studies/quality_config.py")  # fmt: skip
+# The source that computes a quality run's numbers: a change here may change them, a change
+# elsewhere cannot (the report, the docs, the stages, the Megatron adapter's optimizer and
+# the CPU layer, which maps device, stream and RNG-state calls: the run's numbers come from
+# CPU torch). Conservative within these files: a rename also starts a new code version.
+STEP_SOURCES = (
+    *(f"scape/{name}.py" for name in ("adams", "basis", "comm", "config", "layout", "shard",
+                                      "simulate")),
+    "scape/peers/dgc.py", "scape/megatron/models.py", "scape/megatron/train.py",
+    *(f"pipelines/studies/{name}.py" for name in ("quality_run", "quality_data", "readings",
+                                                   "quality_config")),
+)  # fmt: skip
 
 
 def step_code(repo: Path | str = ".") -> str:
-    """A 12-hex digest of :data:`STEP_SOURCES` (every ``.py`` under them, by path and
-    content) and the torch and megatron-core versions: two runs with the same digest ran the
+    """A 12-hex digest of :data:`STEP_SOURCES` (by path and content) and the torch and megatron-core versions: two runs with the same digest ran the
     same arithmetic, whatever commits they were made at, so their runs may share a table.
     (The same computation; on another host the bits may still differ in the last places.)"""
     from importlib.metadata import PackageNotFoundError, version

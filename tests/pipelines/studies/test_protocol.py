@@ -55,3 +55,11 @@ def test_verdict_code_prefers_stamped_runs_with_the_most_runs() -> None:
     assert verdict_code(["a", "b", "b", UNSTAMPED, UNSTAMPED, UNSTAMPED]) == "b"
     assert verdict_code([UNSTAMPED]) == UNSTAMPED
     assert verdict_code([]) is None
+
+
+def test_every_step_source_exists() -> None:
+    """A renamed or moved file would silently drop out of the code version's digest."""
+    from pipelines.studies.protocol import STEP_SOURCES
+
+    root = Path(__file__).resolve().parents[3]
+    assert [s for s in STEP_SOURCES if not (root / s).is_file()] == []
