@@ -176,9 +176,12 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
 
     labels = {k: v.label or k for k, v in cfg.variants.items()}
     paper = SHAPES["llama-1.8b"]
+    repo = Path(__file__).resolve().parents[1]
+    committed = out_dir.resolve() == (repo / "results" / "quality").resolve()
     index = write_report(
         out_dir, cfg.variants, labels, study_notes(cfg), finalists=cfg.finalists,
         cost_shape=("Llama-1.8B", count_params(paper), 32), overview=cfg.overview,
+        verdict_readmes=(repo / "README.md",) if committed else (),
     )  # fmt: skip
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return list(index.runs)

@@ -414,6 +414,70 @@ def staleness_table(index: RunIndex, labels: dict[str, str]) -> str:
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
+VERDICT_MODELS = ("llama", "gpt")  # the two small models every finalist is run on
+VERDICT_METHODS = (("SCAPE-90", "scape90", "90%"), ("SCAPE-99", "scape99", "99%"))
+
+
+def _params(index: RunIndex, model: str) -> str:
+    n = next((r.header.get("params") for k, r in index.runs.items() if k.model == model), None)
+    return f"{n / 1e6:.2f}M" if n else "size unknown"
+
+
+def verdict_text(index: RunIndex, models: list[str]) -> str:
+    """The verdict in one sentence per sparsity, every figure from ``index``: each SCAPE
+    finalist's paired gap to dense AdamS on every model, at the longest horizon where both
+    were run on every model, with each lr chosen over the seeds there."""
+    horizons = sorted({k.steps for k in index.runs}, reverse=True)
+    steps = next(
+        (h for h in horizons
+         if all(gap_cell(index, m, v, h).gaps for m in models for _, v, _ in VERDICT_METHODS)),
+        None,
+    )  # fmt: skip
+    if steps is None or not models:
+        return (
+            "No verdict at one code version yet: the finalists (dense AdamS and SCAPE-90/99 "
+            "on every model) have not all been run at one horizon. " + index.provenance()
+        )
+    sentences = []
+    for label, variant, sparsity in VERDICT_METHODS:
+        parts = []
+        for model in models:
+            cell = gap_cell(index, model, variant, steps)
+            ref = gap_cell(index, model, REFERENCE, steps)
+            ahead = sum(g < 0 for g in cell.gaps)
+            order = ("ahead of" if ahead == len(cell.gaps) else "behind" if ahead == 0
+                     else f"ahead in {ahead} of {len(cell.gaps)} seeds, behind in the rest, of")  # fmt: skip
+            every = " in every seed" if ahead in (0, len(cell.gaps)) else ""
+            open_ = [n for n, c in ((label, cell), ("AdamS", ref)) if not c.closed]
+            grid = f"; lr grid open for {' and '.join(open_)}" if open_ else ""
+            parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({_params(index, model)}; "
+                         f"{order} dense AdamS{every}{grid})")  # fmt: skip
+        sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
+    commits = ", ".join(c[:10] for c in index.commits) or "an unrecorded commit"
+    return (
+        " ".join(sentences)
+        + f" Gaps in final validation loss to dense AdamS at {steps:,} steps, paired by seed, "
+        f"each method at the lr of its lowest mean final loss over the seeds; every arm "
+        f"clips at 1.0 (dense its reduced gradient, SCAPE its update q); runs of commit "
+        f"{commits} (code version `{index.code}`)."
+    )
+
+
+def update_block(path: Path, text: str, name: str = "verdict") -> bool:
+    """Replace what stands between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in
+    ``path`` with ``text``; False (nothing written) when the file or its markers are absent."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if not path.is_file():
+        return False
+    doc = path.read_text(encoding="utf-8")
+    if begin not in doc or end not in doc:
+        return False
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+    return True
+
+
 def write_report(
     out_dir: Path,
     variants: dict[str, VariantSpec],
@@ -423,8 +487,11 @@ def write_report(
     finalists: list[str],
     cost_shape: tuple[str, int, int],
     overview: list[ReadingRow] | None = None,
+    verdict_readmes: tuple[Path, ...] = (),
 ) -> RunIndex:
-    """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``."""
+    """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``; the
+    verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` and of each
+    of ``verdict_readmes`` (the project README, when the report is the committed one)."""
     index = RunIndex.load(out_dir)
     keys = list(index.runs)
     models = sorted({k.model for k in keys}, key=lambda m: (not m.startswith("llama"), len(m), m))
@@ -475,6 +542,9 @@ def write_report(
         "",
     ]
     (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
+    verdict = verdict_text(index, [m for m in models if m in VERDICT_MODELS])
+    for readme in (out_dir / "README.md", *verdict_readmes):
+        update_block(readme, verdict)
     write_runs_csv(index, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]

@@ -123,3 +123,49 @@ def test_staleness_table_lists_only_runs_that_recorded_it() -> None:
     assert "| R3-99 | m | 100 | x1 | 0 | 87 | 1.23% |" in table
     assert "adams" not in table
     assert staleness_table(RunIndex([_log("adams", 4.0, 0)]), {}) == ""
+
+
+def _grid(variant: str, model: str, losses: dict[float, list[float]], steps=100):
+    out = []
+    for lr, per_seed in losses.items():
+        for seed, val in enumerate(per_seed):
+            run = _log(variant, val, seed, steps=steps, lr=lr, code="v")
+            run.header["model"], run.header["params"] = model, 220_000
+            out.append(run)
+    return out
+
+
+def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks(tmp_path):
+    from pipelines.studies.quality_report import update_block, verdict_text
+
+    def index(scape99_loss: float) -> RunIndex:
+        runs = []
+        for model in ("llama", "gpt"):
+            runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]})
+            runs += _grid("scape90", model, {1.0: [4.04, 3.96]})
+            runs += _grid("scape99", model, {0.5: [5.0, 5.0], 1.0: [scape99_loss] * 2,
+                                             2.0: [5.0, 5.0]})  # fmt: skip
+        return RunIndex(runs)
+
+    text = verdict_text(index(4.4), ["llama", "gpt"])
+    assert "At 90% sparsity SCAPE-90 ends +0.0 ± 1.4% (n=2) on llama (0.22M;" in text
+    assert (
+        "ahead in 1 of 2 seeds, behind in the rest, of dense AdamS; lr grid open for SCAPE-90"
+        in text
+    )
+    assert "At 99% sparsity SCAPE-99 ends +10.0 ± 0.0% (n=2) on llama" in text
+    assert "behind dense AdamS in every seed)" in text and "at 100 steps" in text
+    assert "code version `v`" in text and "c-v" in text
+    other = verdict_text(index(4.2), ["llama", "gpt"])  # other runs, other figures
+    assert "+5.0 ± 0.0% (n=2)" in other and "+10.0" not in other
+    assert verdict_text(RunIndex([]), ["llama"]).startswith("No verdict at one code version")
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n<!-- verdict:begin -->\nold\n<!-- verdict:end -->\nrest\n")
+    assert update_block(readme, text)
+    assert (
+        readme.read_text() == f"# T\n<!-- verdict:begin -->\n{text}\n<!-- verdict:end -->\nrest\n"
+    )
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    assert not update_block(bare, text) and bare.read_text() == "no markers\n"
