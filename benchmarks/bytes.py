@@ -1,19 +1,12 @@
 """`make bench-bytes`: bytes on the wire per rank per step, by kind, for every method.
 
-Two parts, both written to ``results/bench/bytes.json``; nothing is timed:
-
-* **measured**: W gloo ranks on loopback (default 4) train a small Llama on byte-level text
-  through Megatron's train step (:mod:`benchmarks.harness.bytecount`): dense AdamW and AdamS,
-  counted by a tap on the collectives Megatron calls, and SCAPE-90/99 with fp32 values (the
-  library's default) and with bf16 values, counted by SCAPE's own counter. Per method the
-  median over measured steps of rank 0's counts (every rank counts alike); each SCAPE row
-  beside :func:`scape.comm.step_bytes_per_rank` for the run's own buckets (``formula``).
-* **paper scale**: the same accounting for GPT-345M, Llama-500M and Llama-1.8B on W=32 with
-  Megatron's buckets (:mod:`benchmarks.harness.paper`), dense ZeRO-1 in bf16.
-
-Ratios: ``dense_over_this`` = dense bytes / this method's (how many times fewer; measured:
-against this run's dense AdamS, fp32 on CPU; paper scale: against dense bf16);
-``this_over_value_limit`` = this method's bytes / its values alone (the masks' cost).
+``measured``: W gloo ranks on loopback step a small Llama through Megatron's train step
+(:mod:`benchmarks.harness.bytecount`), dense AdamW/AdamS counted by a tap on Megatron's
+collectives, SCAPE-90/99 (fp32 and bf16 values) by SCAPE's own counter and checked against
+:func:`scape.comm.step_bytes_per_rank` for the run's buckets. ``paper_scale``: the same
+formulas for the paper's models at W=32 (:mod:`benchmarks.harness.paper`). Ratios:
+``dense_over_this`` (how many times fewer than dense) and ``this_over_value_limit`` (the
+masks' cost). Nothing is timed. Writes ``results/bench/bytes.json``.
 """
 
 from __future__ import annotations

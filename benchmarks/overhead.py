@@ -1,24 +1,12 @@
-"""`make bench-overhead`: SCAPE's optimizer-side work per step vs a dense AdamS step.
+"""`make bench-overhead`: SCAPE's optimizer-side work per step against a dense AdamS step.
 
-Measured on one Megatron bucket as a rank sees it at Llama-1.8B scale (W=32 ranks, buckets
-of 40M elements, so a shard of S = 1.25M; every model has the same bucket shape, only the
-number of buckets differs), every part timed alternately with the dense parts, medians.
-Per step = per bucket x buckets. CPU here; on a GPU too when ``torch.cuda`` has one (skipped
-with a message otherwise). ``scripts/gpu_check.py`` times the same kernels at Llama-1.8B
-sizes on a GPU.
-
-SCAPE, per bucket on every rank (the functions of :mod:`scape.shard`, as the Megatron adapter
-calls them): the owner's mask of its shard for the next step (top-k per DCT chunk of its
-moment), the candidate moment over all W*S entries, packing it at the W shards' masks,
-removing what was sent from the moment, and the step (decoding the summed buffer into q,
-weight decay and the rms update of all W*S entries, fused block by block as the adapter
-runs it: ``step_bucket_``): every rank steps every entry itself, which is what replaces the
-parameter all-gather. Dense ZeRO-1 as Megatron does it:
-scale the W*S grads in place, AdamS on the S owned entries, copy them into the param buffer.
-
-The projection models the same parts' GPU time from their memory traffic
-(:func:`benchmarks.harness.paper.traffic_bytes`); this file's GPU timings replace that model
-when there is a GPU.
+One Megatron bucket as a rank sees it at Llama-1.8B scale (W=32, buckets of 40M: a shard of
+1.25M; every model has the same bucket shape, only the number differs), each part timed
+alternately with the dense parts, medians; per step = per bucket x buckets. On the CPU, and
+on a GPU when there is one. SCAPE's parts are :mod:`scape.shard`'s functions as the Megatron
+adapter calls them (select, accumulate, pack, commit, and the fused decode-decay-update of
+all W*S entries that replaces the parameter all-gather); dense ZeRO-1's are Megatron's
+(scale the W*S grads, AdamS on the S owned entries, copy them into the param buffer).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """`make bench-peers-cluster`: the pretrain stage's step time on an emulated cluster for every
-optimizer of the peers experiment (issue 8).
+optimizer of the peers experiment (issue 8), ``results/peers/cluster.json``.
 
-    python -m benchmarks.peers_cluster --ranks 2 --rate-mbit 1000 --steps 30 --repeats 2
-
-Each run is one optimizer of ``experiment=peers_gpt345m_owt scale=tiny`` built and stepped by
-the stage's engine (:func:`benchmarks.harness.step.step_worker`, the call the trainer logs
-as ``step_time``), at the slowest rank, every rank in its own network namespace behind a
-``tc tbf`` link, a fresh cluster per run. ``train.warmup_steps`` is small for every method
-(1-bit Adam freezes its variance there) and the first ``--skip`` steps (default warm-up + 2)
-are left out. Methods run one after another in an order rotated each repeat, each run a
-quiet-protocol round, and each is compared to dense AdamS of the *same* repeat. The JSON's
-``methods`` (name -> ``step_time_s``, ratios, bytes, errors) and ``link.label`` are what
-``pipelines.studies.peers_report`` reads.
+Each run steps one optimizer of ``experiment=peers_gpt345m_owt scale=tiny`` with the stage's
+engine (:func:`benchmarks.harness.step.step_worker`; the trainer's ``step_time``) on a fresh
+emulated cluster, the first ``--skip`` steps left out (1-bit Adam freezes at the short
+``train.warmup_steps``). Methods run in an order rotated each repeat, each run a quiet-protocol
+round, each compared to dense AdamS of the *same* repeat. ``methods`` and ``link.label`` are
+what ``pipelines.studies.peers_report`` reads.
 """
 
 from __future__ import annotations

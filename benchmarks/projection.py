@@ -1,17 +1,12 @@
 """`make bench-project`: the cost model projected to the paper's cluster, 32 GH200 nodes.
 
-Every input not measured here is an assumption, listed in :class:`Assumptions` and written
-into ``results/bench/projection.json`` beside the numbers: one GPU per node on NDR
-InfiniBand (rings at ``link_efficiency`` of line rate, ``alpha_us`` per ring step); bytes
-from :mod:`benchmarks.harness.paper` (dense ZeRO-1: a bf16 reduce-scatter and all-gather per
-40M-element bucket; SCAPE: an all-reduce of its selected values per bucket and one mask
-all-gather per step, hidden behind compute); compute = 6 N T + 12 L h s T FLOPs at
-``peak_tflops`` x ``mfu`` -- or at the MFU of the GPU check's dense steps
-(``results/gpu/gpu_check_*.json``, with SCAPE's kernels from its micro-benchmark);
-optimizer-side work from the memory-traffic model (every SCAPE rank updates all N entries,
-a dense rank its N/W), or measured GPU numbers when ``overhead.json`` has them; two overlap
-bounds: none (every exchange after backward) and full (each method's value exchange
-hidden behind compute up to its time).
+Every input not measured here is an assumption (:class:`Assumptions`, written into
+``results/bench/projection.json``): NDR links with rings at ``link_efficiency`` of line rate
+and ``alpha_us`` per ring step; bytes from :mod:`benchmarks.harness.paper`; compute = 6 N T +
+12 L h s T FLOPs at ``peak_tflops`` x ``mfu`` (or the GPU check's MFU and kernels when
+``results/gpu/gpu_check_*.json`` has them); optimizer work from the memory-traffic model, or
+``overhead.json``'s GPU timings; no overlap (every exchange after backward) and full overlap
+(each method's value exchange hidden behind compute) as the two bounds.
 """
 
 from __future__ import annotations

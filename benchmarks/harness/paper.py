@@ -1,19 +1,12 @@
 """The paper's scale, by formula: Megatron's buckets, both methods' bytes, the optimizers' traffic.
 
-No measurement: the same formulas the communicators count with (ring accounting, (W-1)/W of
-a collective's size per rank), applied to Megatron's bucket rule at W ranks. SCAPE's side is
-:func:`scape.comm.step_bytes_per_rank`, the function the simulator's and the Megatron
-adapter's counters are tested against, so a table here cannot drift from what runs.
-
-* dense ZeRO-1 (Megatron's distributed optimizer): per bucket one reduce-scatter of the
-  gradients and one all-gather of the parameters, in ``value_nbytes`` each (bf16: 2);
-* SCAPE (the library's step): per bucket one all-reduce of the W shards' selected DCT
-  coefficients and a finite flag (booked half as gradient sync, half as what the abstract
-  calls parameter reconstruction: there is no parameter all-gather), and per step one
-  all-gather of the next step's masks, one byte per selected coefficient.
-
-:func:`traffic_bytes` is the optimizer side's memory traffic per bucket (what fused GPU
-kernels would move), which the projection turns into GPU time at an assumed HBM bandwidth.
+The same ring accounting the communicators count with, applied to Megatron's bucket rule at W
+ranks; SCAPE's side is :func:`scape.comm.step_bytes_per_rank`, the function the simulator's
+and the adapter's counters are tested against. Dense ZeRO-1: per bucket a reduce-scatter of
+the gradients and an all-gather of the parameters. SCAPE: per bucket one all-reduce of the
+selected coefficients (booked half as gradient, half as parameter values) and per step one
+all-gather of the masks, a byte per coefficient. :func:`traffic_bytes`: the optimizer side's
+memory traffic per bucket, which the projection turns into GPU time.
 """
 
 from __future__ import annotations
