@@ -203,3 +203,14 @@ def test_every_path_link_and_module_the_readme_names_exists():
         if not (REPO / "scape" / f"{name}.py").is_file():
             problems.append(f"module scape/{name}.py")
     assert not problems, f"README.md names what does not exist: {', '.join(problems)}"
+
+
+def test_the_verdict_is_the_quality_reports_word_for_word():
+    """The README's verdict block is written by the quality report (`make quality-report`)
+    into both READMEs; a hand edit of either makes them differ."""
+
+    def block(path: Path) -> str:
+        text = path.read_text(encoding="utf-8")
+        return text.split("<!-- verdict:begin -->", 1)[1].split("<!-- verdict:end -->", 1)[0]
+
+    assert block(REPO / "README.md") == block(REPO / "results" / "quality" / "README.md")
