@@ -106,6 +106,10 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
     or by submitting to Slurm."""
     cfg = _to_config(cfg)
     run_dir = run_dir_of(cfg)
+    o = cfg.optimizer
+    if o.lr_multiplier != 1.0:  # the recipe's ratio: say so, the configured lr is not what runs
+        print(f"{o.label}: lr {o.scaled()['lr']:g} = train lr {o.lr:g} x optimizer.lr_multiplier "
+              f"{o.lr_multiplier:g} (min_lr likewise)", file=sys.stderr)  # fmt: skip
     # Set by submitit inside its jobs: Hydra's submitit launcher (and our own Slurm jobs)
     # call this function once per task, and each task is one rank.
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":

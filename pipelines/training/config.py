@@ -134,10 +134,20 @@ class OptimizerConfig(AdamHParams, _OptimizerName):
     """The shared hyper-parameters (lr, min_lr, betas, eps, weight_decay, clip_grad: defined
     once in :class:`scape.adams.AdamHParams`) and the method's own options."""
 
+    # The method's lr over the train config's: the recipe's ratio to dense AdamS's lr
+    # (conf/optimizer/scape*.yaml; results/quality/README.md, "The recipe"), applied to lr
+    # and min_lr alike by :meth:`scaled` and printed at start-up.
+    lr_multiplier: float = 1.0
     scape: ScapeSettings = field(default_factory=ScapeSettings)  # only read when name=scape
     powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
     dgc: DGCOptions = field(default_factory=DGCOptions)
     onebit: OneBitOptions = field(default_factory=OneBitOptions)
+
+    def scaled(self) -> dict[str, float]:
+        """The shared hyper-parameters as the optimizer and lr schedule use them: lr and
+        min_lr times ``lr_multiplier``."""
+        return {**self.shared(), "lr": self.lr * self.lr_multiplier,
+                "min_lr": self.min_lr * self.lr_multiplier}  # fmt: skip
 
 
 @dataclass
@@ -254,6 +264,8 @@ def validate(cfg: PretrainConfig) -> None:
             m.hidden_size,
             f"must be divisible by model.num_attention_heads={m.num_attention_heads}",
         )
+    if not o.lr_multiplier > 0:
+        _fail("optimizer.lr_multiplier", o.lr_multiplier, "must be > 0 (1: the train config's lr)")
     if o.name not in OPTIMIZERS:
         _fail(
             "optimizer.name",

@@ -59,7 +59,7 @@ def build_engine(cfg: PretrainConfig, world_size: int):
         from pipelines.training.peer_engine import build_peer_engine
 
         return build_peer_engine(cfg, model, data_dir, device)
-    spec = OptimizerSpec(kind="adamw" if o.name == "adamw" else "adams", **o.shared())
+    spec = OptimizerSpec(kind="adamw" if o.name == "adamw" else "adams", **o.scaled())
     ddp_kwargs = dict(
         bucket_size=t.bucket_size,
         overlap_grad_reduce=t.overlap_grad_reduce,

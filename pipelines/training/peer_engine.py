@@ -76,7 +76,7 @@ def _build_optimizer(cfg: PretrainConfig, model: torch.nn.Module, hook) -> torch
 
     o = cfg.optimizer
     groups = _param_groups(model, o.weight_decay)
-    kwargs = dict(lr=o.lr, betas=o.betas, eps=o.eps)
+    kwargs = dict(lr=o.scaled()["lr"], betas=o.betas, eps=o.eps)
     if o.name == "onebit":
         return OneBitAdam(groups, hook, mask_unseen=o.onebit.mask_unseen, **kwargs)
     rule = o.powersgd.local_rule if o.name == "powersgd" else o.dgc.local_rule

@@ -160,11 +160,12 @@ def _build_scheduler(optimizer, cfg: PretrainConfig):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     o, t = cfg.optimizer, cfg.train
+    lrs = o.scaled()
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0 if t.warmup_steps else o.lr,
-        max_lr=o.lr,
-        min_lr=o.min_lr,
+        init_lr=0.0 if t.warmup_steps else lrs["lr"],
+        max_lr=lrs["lr"],
+        min_lr=lrs["min_lr"],
         lr_warmup_steps=t.warmup_steps,
         lr_decay_steps=max(t.train_steps, t.warmup_steps + 1),
         lr_decay_style=t.lr_decay_style,

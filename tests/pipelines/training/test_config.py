@@ -84,6 +84,7 @@ def test_vista_account_comes_from_the_environment(monkeypatch):
         ("optimizer.scape.chunk=300", "optimizer.scape.chunk=300 must be in [1, 256]"),
         ("train.precision=fp8", "train.precision='fp8' is not one of fp32, bf16"),
         ("model.hidden_size=130", "divisible by model.num_attention_heads"),
+        ("optimizer.lr_multiplier=0", "optimizer.lr_multiplier=0.0 must be > 0"),
     ],
 )
 def test_invalid_values_are_rejected_with_the_key_and_fix(override, needle):
@@ -169,3 +170,13 @@ def test_tiny_table_setting_is_valid_for_the_reproduced_experiments(experiment):
             first.optimizer.lr,
             first.optimizer.min_lr,
         )
+
+
+def test_lr_multiplier_scales_lr_and_min_lr_for_the_optimizer_and_schedule():
+    cfg = compose(["optimizer=scape99", "optimizer.lr_multiplier=2", "optimizer.lr=1e-3",
+                   "optimizer.min_lr=1e-4"])  # fmt: skip
+    scaled = cfg.optimizer.scaled()
+    assert scaled["lr"] == 2e-3 and scaled["min_lr"] == 2e-4
+    assert {k: v for k, v in scaled.items() if k not in ("lr", "min_lr")} == {
+        k: v for k, v in cfg.optimizer.shared().items() if k not in ("lr", "min_lr")
+    }
