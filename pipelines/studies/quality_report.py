@@ -463,6 +463,27 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
     )
 
 
+def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
+    """SCAPE's lr over dense AdamS's, per SCAPE finalist: the ratio of the chosen lrs on
+    every model at the longest horizon where both grids are closed on every model. A rule
+    only where every model agrees (then ``multiplier`` is it, for conf/optimizer/<variant>.yaml's
+    ``lr_multiplier``); otherwise ``multiplier`` is None and the ratios say how far apart."""
+    out: dict[str, Any] = {"code": index.code, "commits": index.commits, "methods": {}}
+    horizons = sorted({k.steps for k in index.runs}, reverse=True)
+    for _, variant, _ in VERDICT_METHODS:
+        entry: dict[str, Any] = {"multiplier": None, "steps": None, "ratios": {}}
+        for steps in horizons:
+            cells = {m: (index.lr_choice(m, variant, steps), index.lr_choice(m, REFERENCE, steps))
+                     for m in models}  # fmt: skip
+            if models and all(c and r and c.closed and r.closed for c, r in cells.values()):
+                ratios = {m: c.lr / r.lr for m, (c, r) in cells.items()}  # type: ignore[union-attr]
+                rule = next(iter(ratios.values())) if len(set(ratios.values())) == 1 else None
+                entry = {"multiplier": rule, "steps": steps, "ratios": ratios}
+                break
+        out["methods"][variant] = entry
+    return out
+
+
 def update_block(path: Path, text: str, name: str = "verdict") -> bool:
     """Replace what stands between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in
     ``path`` with ``text``; False (nothing written) when the file or its markers are absent."""
@@ -542,7 +563,11 @@ def write_report(
         "",
     ]
     (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
-    verdict = verdict_text(index, [m for m in models if m in VERDICT_MODELS])
+    verdict_models = [m for m in models if m in VERDICT_MODELS]
+    verdict = verdict_text(index, verdict_models)
+    (out_dir / "recipe.json").write_text(
+        json.dumps(recipe(index, verdict_models), indent=1) + "\n", encoding="utf-8"
+    )
     for readme in (out_dir / "README.md", *verdict_readmes):
         update_block(readme, verdict)
     write_runs_csv(index, out_dir / "runs.csv")
