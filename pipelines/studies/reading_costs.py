@@ -1,7 +1,9 @@
 """What each reading costs at the paper's shapes: bytes per rank per step and optimizer memory.
 
 Formulas, not measurements (the byte counters of the simulator and the communicator are
-tested to equal them at small sizes). Ring collectives: a reduce-scatter or all-gather of
+tested to equal them at small sizes); the library's step (``method: scape``) is booked by
+the library's own formula, :func:`scape.comm.step_bytes_per_rank` (one byte per mask
+coefficient), the readings by the encodings they would need. Ring collectives: a reduce-scatter or all-gather of
 T bytes costs each rank (W - 1) / W * T. Values travel in bf16 (2 bytes), as the reference
 doc's table assumes for dense ZeRO-1 and SCAPE alike. Optimizer memory counts what a rank
 holds beyond the model's own bf16 params and fp32 gradient buffer, which every method has.
@@ -13,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from pipelines.studies.quality_config import VariantSpec
-from scape.comm import ring_bytes_per_rank
+from scape.comm import MASKS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.peers.dgc import num_selected
 
 __all__ = ["ReadingCost", "reading_cost"]
@@ -65,11 +67,13 @@ def reading_cost(variant: VariantSpec, n: int, w: int) -> ReadingCost:
     if variant.method in ("adams", "adamw") or rho >= 1.0:
         extra = FP32 * n / w if variant.method != "adams" else 0.0  # AdamW's / RMSprop's v
         return ReadingCost(dense_values, 0.0, zero1 + extra, "ZeRO-1: main params, m (, v)")
-    values = 2 * ring_bytes_per_rank(rho * n * VALUE_BYTES, w)
-    if variant.method == "scape":  # the library's step: a local-moment reading
+    if variant.method == "scape":  # the library's step: its own byte formula (scape.comm)
         options = {"reading": "local", "chunk": 100, "update": "rms", **variant.options}
-    else:
-        options = variant.options
+        sent = step_bytes_per_rank([rho * n / w], w, VALUE_BYTES, masks=True)
+        memory, note = _local_memory(options, n)
+        return ReadingCost(sum(sent.values()), sent[MASKS], memory, note)
+    values = 2 * ring_bytes_per_rank(rho * n * VALUE_BYTES, w)
+    options = variant.options
     kind, chunk = options.get("reading"), options.get("chunk", 64)
     if kind == "dgc":  # every rank's own values and int32 indices, all-gathered: grows with W
         sent = rho * n * (VALUE_BYTES + 4) * w
