@@ -484,6 +484,21 @@ def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
     return out
 
 
+def divergence_summary(index: RunIndex) -> str:
+    """What the divergence rule (quality_run.DivergenceRule) found in these runs: every
+    count read from them."""
+    runs = list(index.runs.items())
+    diverged = sorted(f"{k.model} {k.variant} x{k.lr_scale:g} s{k.seed} t{k.steps}"
+                      for k, r in runs if r.final.get("diverged"))  # fmt: skip
+    spiked = [r for _, r in runs if r.final.get("spike_steps")]
+    text = (f"{len(diverged)} of {len(runs)} runs diverged (a non-finite loss, or a training "
+            f"loss above log(vocab) + 1 for 20 steps in a row)")  # fmt: skip
+    text += f": {', '.join(diverged)}." if diverged else "."
+    text += (f" {len(spiked)} had at least one step above that level and recovered"
+             if spiked else " No run had a step above that level.")  # fmt: skip
+    return text + ("." if spiked else "")
+
+
 def update_block(path: Path, text: str, name: str = "verdict") -> bool:
     """Replace what stands between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in
     ``path`` with ``text``; False (nothing written) when the file or its markers are absent."""
@@ -552,6 +567,7 @@ def write_report(
             "",
         ]
         plot_gap_vs_steps(index, final, labels, models, horizons, out_dir / "gap_vs_steps.png")
+    text += ["## Divergence", "", divergence_summary(index), ""]
     stale = staleness_table(index, labels)
     if stale:
         text += ["## Stale replicas (R3)", "", stale, ""]

@@ -193,3 +193,15 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
     runs += _grid("scape99", "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]})  # gpt best at x1 now
     split = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
     assert split["multiplier"] is None and split["ratios"] == {"llama": 2.0, "gpt": 1.0}
+
+
+def test_divergence_summary_counts_what_the_runs_show():
+    from pipelines.studies.quality_report import divergence_summary
+
+    runs = [_log("adams", 4.0, 0), _log("x", 9.0, 0, diverged=True), _log("y", 4.1, 1)]
+    runs[2].final["spike_steps"] = 3
+    text = divergence_summary(RunIndex(runs))
+    assert text.startswith("1 of 3 runs diverged") and "m x x1 s0 t100" in text
+    assert "1 had at least one step above that level and recovered." in text
+    calm = divergence_summary(RunIndex([_log("adams", 4.0, 0)]))
+    assert calm.startswith("0 of 1 runs diverged") and "No run had a step" in calm
