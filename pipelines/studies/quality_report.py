@@ -463,12 +463,18 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
     )
 
 
+RECIPE_MIN_STEPS = 1500  # the shortest horizon whose lr ratio becomes the configs' rule
+
+
 def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
     """SCAPE's lr over dense AdamS's, per SCAPE finalist: the ratio of the chosen lrs on
     every model at the longest horizon where both grids are closed on every model. A rule
     only where every model agrees (then ``multiplier`` is it, for conf/optimizer/<variant>.yaml's
-    ``lr_multiplier``); otherwise ``multiplier`` is None and the ratios say how far apart."""
-    out: dict[str, Any] = {"code": index.code, "commits": index.commits, "methods": {}}
+    ``lr_multiplier``); otherwise ``multiplier`` is None and the ratios say how far apart.
+    Horizons under :data:`RECIPE_MIN_STEPS` give evidence, never a rule: the best lr moves
+    with the horizon (dense AdamS's halved from 300 to 1,500 steps in the search)."""
+    out: dict[str, Any] = {"code": index.code, "commits": index.commits,
+                           "min_steps": RECIPE_MIN_STEPS, "methods": {}}  # fmt: skip
     horizons = sorted({k.steps for k in index.runs}, reverse=True)
     for _, variant, _ in VERDICT_METHODS:
         entry: dict[str, Any] = {"multiplier": None, "steps": None, "ratios": {}}
@@ -477,7 +483,8 @@ def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
                      for m in models}  # fmt: skip
             if models and all(c and r and c.closed and r.closed for c, r in cells.values()):
                 ratios = {m: c.lr / r.lr for m, (c, r) in cells.items()}  # type: ignore[union-attr]
-                rule = next(iter(ratios.values())) if len(set(ratios.values())) == 1 else None
+                agree = len(set(ratios.values())) == 1 and steps >= RECIPE_MIN_STEPS
+                rule = next(iter(ratios.values())) if agree else None
                 entry = {"multiplier": rule, "steps": steps, "ratios": ratios}
                 break
         out["methods"][variant] = entry

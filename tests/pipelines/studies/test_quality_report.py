@@ -184,13 +184,17 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
         runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]})
         runs += _grid("scape99", model, {1.0: [5.0, 5.0], 2.0: [4.5, 4.5], 4.0: [4.9, 4.9]})
         runs += _grid("scape90", model, {1.0: [4.0, 4.0]})  # one point: never closed
+    short = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
+    assert short == {"multiplier": None, "steps": 100, "ratios": {"llama": 2.0, "gpt": 2.0}}
+    for run in runs:  # the same runs at a horizon long enough for a rule
+        run.header["steps"] = 1500
     out = recipe(RunIndex(runs), ["llama", "gpt"])
-    assert out["methods"]["scape99"] == {"multiplier": 2.0, "steps": 100,
+    assert out["methods"]["scape99"] == {"multiplier": 2.0, "steps": 1500,
                                          "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     assert out["methods"]["scape90"]["multiplier"] is None and out["code"] == "v"
     runs = [r for r in runs if not (r.model == "gpt" and r.variant == "scape99"
                                     and r.header["lr_scale"] == 1.0)]  # fmt: skip
-    runs += _grid("scape99", "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]})  # gpt best at x1 now
+    runs += _grid("scape99", "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]}, steps=1500)  # x1 now
     split = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
     assert split["multiplier"] is None and split["ratios"] == {"llama": 2.0, "gpt": 1.0}
 
