@@ -5,10 +5,8 @@
 The projected per-step speed-up of SCAPE-99 (and SCAPE-90) over dense AdamS for Llama-1.8B
 on 32 ranks, over per-rank link bandwidth (1-400 Gbit/s) x tokens per GPU per step
 (1k-32k), without and with overlap of the exchange behind compute. Every cell is
-:func:`benchmarks.projection.project_model` with that bandwidth and batch (its assumptions,
-:class:`benchmarks.projection.Assumptions`, are written into the JSON). It marks the x3.26
-contour (the abstract's Llama-1.8B claim) and places each round of ``make bench-step``
-(``megatron_step.json``, when present) at its own ratio of dense communication to compute.
+:func:`benchmarks.projection.project_model` with that bandwidth and batch (its assumptions
+are written into the JSON); the x3.26 contour is the abstract's Llama-1.8B claim.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.records import load_sweep
 from benchmarks.projection import PAPER, Assumptions, load_overhead, project_model
 
-__all__ = ["break_even_bandwidth", "grid", "main", "measured_points", "ratio_curve"]
+__all__ = ["break_even_bandwidth", "grid", "main", "needed_ratio", "ratio_curve"]
 
 MODEL = "llama-1.8b"
 TARGET = PAPER["speedup_llama_1_8b"]
@@ -81,7 +78,7 @@ def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
 def ratio_curve(a: Assumptions, overhead: dict | None = None,
                 tokens: int = 16384) -> list[dict]:  # fmt: skip
     """Speed-up against the dense comm/compute ratio: the map's row at ``tokens`` over a
-    wide bandwidth range (0.05-3000 Gbit/s), so every emulated ratio has a projected value."""
+    wide bandwidth range (0.05-3000 Gbit/s)."""
     bws = [10 ** (i / 8) for i in range(-11, 29)]
     return sorted((_cell(a, overhead, bw, tokens) for bw in bws),
                   key=lambda c: c["comm_over_compute"])  # fmt: skip
@@ -96,38 +93,7 @@ def needed_ratio(curve: list[dict], key: str, target: float = TARGET) -> float |
     return None
 
 
-def measured_points(step_json: Path) -> list[dict[str, Any]]:
-    """Rounds of ``make bench-step``: the dense (no overlap) step's comm/compute ratio, and
-    the SCAPE speed-ups measured there."""
-    sweep = load_sweep(step_json)
-    by_round: dict[str, dict[str, Any]] = {}
-    for p in sweep.points if sweep else []:
-        by_round.setdefault(p.round, {})[p.method] = p
-    out = []
-    for name, ms in by_round.items():
-        dense = ms.get("dense-no-overlap")
-        if not dense or dense.comm_over_compute is None:
-            continue
-        row = {"round": name, "world_size": dense.world_size, "link": dense.link,
-               "comm_over_compute": dense.comm_over_compute, "noisy": dense.noisy,
-               "load_before": dense.load_before, "load_after": dense.load_after}  # fmt: skip
-        for m in METHODS:
-            if m in ms:
-                row[f"{m}/no_overlap"] = ms[m].speedup_vs_no_overlap
-                row[f"{m}/full_overlap"] = ms[m].speedup_vs_overlap
-        out.append(row)
-    return out
-
-
-def _interp(curve: list[dict], key: str, r: float) -> float | None:
-    for lo, hi in zip(curve, curve[1:], strict=False):
-        if lo["comm_over_compute"] <= r <= hi["comm_over_compute"]:
-            f = (r - lo["comm_over_compute"]) / (hi["comm_over_compute"] - lo["comm_over_compute"])
-            return lo[key] + f * (hi[key] - lo[key])
-    return None
-
-
-def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) -> None:
+def plot(cells: list[dict], out: Path) -> None:
     import matplotlib
     from PIL import Image
 
@@ -140,9 +106,8 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
     bws = sorted({c["link_gbit"] for c in cells})
     toks = sorted({c["tokens_per_gpu"] for c in cells})
     at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in cells}
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.6), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     norm = LogNorm(vmin=0.9, vmax=max(c[f"scape-99/{m}"] for c in cells for m in MODES))
-    ratio = np.array([[at[(b, t)]["comm_over_compute"] for b in bws] for t in toks])
     for ax, mode, title in ((axes[0], "no_overlap", "no overlap"),
                             (axes[1], "full_overlap", "with Megatron's overlap")):  # fmt: skip
         z = np.array([[at[(b, t)][f"scape-99/{mode}"] for b in bws] for t in toks])
@@ -155,10 +120,6 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
         if z90.max() >= TARGET:
             ax.contour(bws, toks, z90, levels=[TARGET], colors="orange", linewidths=1.8,
                        linestyles="--")  # fmt: skip
-        for p in points:  # the cells whose comm/compute ratio equals the measured one
-            cp = ax.contour(bws, toks, ratio, levels=[p["comm_over_compute"]], colors="black",
-                            linewidths=0.9, linestyles=":")  # fmt: skip
-            ax.clabel(cp, fmt=lambda v, p=p: f"{p['world_size']}x{p['link']}", fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="per-rank link bandwidth (Gbit/s)",
                ylabel="tokens per GPU per step",
                title=f"SCAPE-99 speed-up over dense AdamS, {title}")  # fmt: skip
@@ -170,36 +131,8 @@ def plot(cells: list[dict], curve: list[dict], points: list[dict], out: Path) ->
         ticks = [t for t in (1, 2, TARGET, 5, 10, 20, 50, 100) if t <= norm.vmax]
         bar.set_ticks(ticks, labels=[f"x{t:g}" for t in ticks])
         bar.ax.yaxis.set_minor_formatter(NullFormatter())
-    ax = axes[2]
-    r = [c["comm_over_compute"] for c in curve]
-    styles = {"scape-99": "tab:blue", "scape-90": "tab:orange"}
-    for m, color in styles.items():
-        ax.plot(r, [c[f"{m}/no_overlap"] for c in curve], color=color,
-                label=f"{m} projected, no overlap")  # fmt: skip
-        ax.plot(r, [c[f"{m}/full_overlap"] for c in curve], color=color, ls="--",
-                label=f"{m} projected, overlap")  # fmt: skip
-        for mode, marker in (("no_overlap", "o"), ("full_overlap", "s")):
-            xs = [p["comm_over_compute"] for p in points if p.get(f"{m}/{mode}")]
-            ys = [p[f"{m}/{mode}"] for p in points if p.get(f"{m}/{mode}")]
-            face = [color if not p["noisy"] else "none" for p in points if p.get(f"{m}/{mode}")]
-            if xs:
-                ax.scatter(xs, ys, marker=marker, facecolors=face, edgecolors=color, s=46, zorder=3,
-                           label=f"{m} measured vs dense {'with' if mode == 'full_overlap' else 'without'} overlap")  # fmt: skip
-    for p in points:
-        if p.get("scape-99/no_overlap"):
-            ax.annotate(f"{p['world_size']}x{p['link']}", (p["comm_over_compute"], p["scape-99/no_overlap"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7)  # fmt: skip
-    ax.axhline(TARGET, color="red", lw=1.2)
-    ax.text(r[0], TARGET * 1.05, f"paper x{TARGET}", color="red", fontsize=8)
-    ax.axhline(1.0, color="gray", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlabel="dense communication / compute (per step, no overlap)",
-           ylabel="speed-up per step", title="speed-up against the comm/compute ratio"
-           + ("" if points else "\n(no emulated measurement yet: make bench-step)"))  # fmt: skip
-    ax.legend(fontsize=7, loc="upper left")
-    ax.grid(alpha=0.3, which="both")
     fig.suptitle(f"Llama-1.8B, 32 ranks: projected per-step speed-up (red: SCAPE-99 at the paper's "
-                 f"x{TARGET}; dashed orange: SCAPE-90 at x{TARGET}; dotted: emulated runs' ratios)",
-                 fontsize=10)  # fmt: skip
+                 f"x{TARGET}; dashed orange: SCAPE-90 at x{TARGET})", fontsize=10)  # fmt: skip
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, dpi=110)
@@ -216,20 +149,13 @@ def _bw(x: float | str | None) -> str:
     return ">= 400 (all)" if math.isinf(x) else f"<= {x:.0f}" if x >= 10 else f"<= {x:.1f}"
 
 
-def summarize(cells: list[dict], curve: list[dict], points: list[dict], a: Assumptions) -> dict:
-    at = {
-        (c["link_gbit"], c["tokens_per_gpu"]): c
-        for c in cells
-        if c["tokens_per_gpu"] in TABLE_TOKENS
-    }
+def summarize(cells: list[dict], curve: list[dict], a: Assumptions) -> dict:
+    at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in cells}
     be = {f"{m}/{mode}": {t: break_even_bandwidth(cells, f"{m}/{mode}", t) for t in TABLE_TOKENS}
           for m in METHODS for mode in MODES}  # fmt: skip
     be_json = {k: {t: "above the grid" if v is not None and math.isinf(v) else v
                    for t, v in row.items()} for k, row in be.items()}  # fmt: skip
     needed = {f"{m}/{mode}": needed_ratio(curve, f"{m}/{mode}") for m in METHODS for mode in MODES}
-    for p in points:
-        for k in needed:
-            p[f"{k}/projected"] = _interp(curve, k, p["comm_over_compute"])
     ndr = {t: {k: at[(400.0, t)][k] for k in needed} for t in TABLE_TOKENS}
     top = max(c["link_gbit"] for c in cells)
     max_tokens = {k: max((c["tokens_per_gpu"] for c in cells
@@ -239,18 +165,14 @@ def summarize(cells: list[dict], curve: list[dict], points: list[dict], a: Assum
             "target": TARGET, "break_even_gbit": be_json, "needed_comm_over_compute": needed,
             "speedup_at_400gbit": ndr, "max_tokens_at_400gbit": max_tokens,
             "comm_over_compute_at": {f"{b}gbit/{t}": at[(float(b), t)]["comm_over_compute"]
-                                     for b in (100, 400) for t in TABLE_TOKENS},
-            "measured": points}  # fmt: skip
+                                     for b in (100, 400) for t in TABLE_TOKENS}}  # fmt: skip
 
 
 def in_words(summary: dict) -> str:
     """Which settings the paper's speed-up needs, every figure from the summary."""
     need, top, be = (summary["needed_comm_over_compute"], summary["max_tokens_at_400gbit"],
                      summary["break_even_gbit"])  # fmt: skip
-    link, tokens_per_gpu = (
-        summary["assumptions"]["link_gbit"],
-        summary["assumptions"]["tokens_per_gpu"],
-    )
+    link, tokens_per_gpu = (summary["assumptions"][k] for k in ("link_gbit", "tokens_per_gpu"))
     smallest = min(int(t) for t in be["scape-99/no_overlap"])
 
     def ratio(k: str) -> str:
@@ -263,9 +185,8 @@ def in_words(summary: dict) -> str:
 
     def bw(k: str) -> str:
         row = {int(t): v for t, v in be[k].items()}  # int keys, also after a JSON round trip
-        return (
-            _bw(row[tokens_per_gpu]).replace("<=", "at most").replace(">=", "at least") + " Gbit/s"
-        )
+        text = _bw(row[tokens_per_gpu]).replace("<=", "at most").replace(">=", "at least")
+        return f"{text} Gbit/s"
 
     return (
         f"The paper's x{summary['target']} for {summary['model']} needs the dense exchange to "
@@ -303,17 +224,9 @@ def markdown(summary: dict, cells: list[dict]) -> str:
               "|---|" + "---|" * len(TABLE_BANDWIDTHS)]  # fmt: skip
     at = {(c["link_gbit"], c["tokens_per_gpu"]): c for c in cells}
     for t in TABLE_TOKENS:
-        row = []
-        for b in TABLE_BANDWIDTHS:
-            c = at.get((float(b), t))
-            row.append(
-                "-"
-                if c is None
-                else f"x{c['scape-99/no_overlap']:.2f} / x{c['scape-99/full_overlap']:.2f}"
-            )
-        lines.append(f"| {t:,} | " + " | ".join(row) + " |")
-    if not summary["measured"]:
-        lines += ["", "No emulated measurement yet (`make bench-step` writes megatron_step.json)."]
+        row = (at[(float(b), t)] for b in TABLE_BANDWIDTHS)
+        lines.append(f"| {t:,} | " + " | ".join(
+            f"x{c['scape-99/no_overlap']:.2f} / x{c['scape-99/full_overlap']:.2f}" for c in row) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -326,9 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     a = Assumptions()
     cells = grid(a, overhead)
     curve = ratio_curve(a, overhead)
-    points = measured_points(d / "megatron_step.json")
-    summary = summarize(cells, curve, points, a)
-    plot(cells, curve, points, d / "break_even.png")
+    summary = summarize(cells, curve, a)
+    plot(cells, d / "break_even.png")
     with open(d / "break_even.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(cells[0]))
         w.writeheader()
@@ -336,10 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     (d / "break_even.md").write_text(markdown(summary, cells))
     (d / "break_even.json").write_text(json.dumps(summary, indent=1, default=str))
     for k, v in summary["break_even_gbit"].items():
-        print(
-            f"  {k:24s} x{TARGET} up to: "
-            + ", ".join(f"{t // 1024}k {_bw(b)}" for t, b in v.items())
-        )
+        print(f"  {k:24s} x{TARGET} up to: " + ", ".join(f"{t // 1024}k {_bw(b)}" for t, b in v.items()))  # fmt: skip
     print(f"wrote {d}/break_even.png, .md, .csv, .json")
     return 0
 

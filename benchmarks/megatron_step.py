@@ -3,30 +3,18 @@
     python -m benchmarks.megatron_step            # the sweep: results/bench/megatron_step.json
     python -m benchmarks.megatron_step --parts    # the floor by part: results/bench/floor_parts.json
 
-Each method is a pretrain-stage configuration (``optimizer=scape99`` ...) stepped by the
-stage's own engine (:func:`benchmarks.harness.step.step_worker`); the time is that of
-``engine.step``, the trainer's ``step_time``, at the slowest rank. Per rank count (2, 4), one
-round per link rate (10 Gbit/s, 1 Gbit/s, 100 Mbit/s: ranks in network namespaces behind
-``tc tbf`` links). In a round each method runs in rank processes of its own: its launch on
-the links (its steps, then its own collectives timed bare at the sizes its step sent), then
-its *floor* launch, the same steps in PyTorch's fake process group where every collective
-returns at once (step and floor minutes apart: this host's speed drifts unseen by the load
-average). Each round is a quiet-protocol round (:mod:`benchmarks.harness.quiet`); the JSON
-is written after every round; ``--budget-min`` stops starting rounds.
+Each method is a pretrain-stage configuration stepped by the stage's own engine; the time is
+``engine.step``'s (the trainer's ``step_time``) at the slowest rank. One round per rank count
+x link rate (ranks in network namespaces behind ``tc tbf`` links), each a quiet-protocol
+round; in it each method runs in rank processes of its own: its launch on the links (then its
+collectives timed bare at its step's sizes), then its *floor* launch in PyTorch's fake
+process group (no transfer, no wait). The small model (4 layers, hidden 384, 16 tokens per
+rank per step) makes dense AdamS's exchange a large part of its step, as in the paper.
 
-The model (4 layers, hidden 384, 16 tokens per rank per step, buckets of 2.5M) is small so
-that, as in the paper's communication-bound setting, dense AdamS's exchange is a large part
-of its step; the three rates put it on both sides of its compute.
-
-Cost model: a method's step = its floor + the exposed time of its collectives, each booked
-at its bare timing. With Megatron's overlap the gradient sync (dense: reduce-scatters;
-SCAPE: its values' all-reduces) hides behind backward up to (calls-1)/calls of it, the last
-call always exposed; dense's parameter all-gathers follow the step; SCAPE's mask all-gather,
-made a step ahead, hides behind the step's compute.
-
-``--parts``: each method's floor launch under ``torch.profiler``; SCAPE's named spans
-(``record_function`` in :mod:`scape.megatron`) give its parts per step, as proportions (the
-profiler slows every op).
+Cost model (:func:`predict`): floor + each collective's exposed time at its bare timing; with
+Megatron's overlap the gradient sync hides behind backward up to (calls-1)/calls of it;
+SCAPE's mask all-gather, made a step ahead, hides behind the step's compute. ``--parts``: the
+floor under ``torch.profiler``, SCAPE's named spans as proportions (the profiler slows every op).
 """
 
 from __future__ import annotations

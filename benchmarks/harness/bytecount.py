@@ -1,14 +1,10 @@
 """The byte count of ``make bench-bytes``: every method through Megatron's train step.
 
-A small Llama (built as a Megatron ``GPTModel``) on byte-level text -- the first bytes of the
-English Wikipedia sample shipped inside the pinned ``gensim`` package as tokens 0..255, a
-seeded synthetic stream if it is missing -- so no prepared corpus or tokenizer is needed.
-Each method owns its model, wrapped in Megatron's DDP with the distributed optimizer: dense
-AdamW/AdamS (``scape.megatron.dense``) or SCAPE (``scape.megatron.optimizer``), stepped by
-:func:`scape.megatron.train.train_step`. SCAPE reports its own ``ByteCounter``; Megatron's
-dense path has none, so a :class:`CollectiveTap` wraps the collectives Megatron calls and
-counts ring bytes per kind: a measurement of the dense baseline, not a formula (fp32 on
-CPU). :func:`bytecount_worker` steps every method on the same data; nothing is timed.
+A small Llama on byte-level text (the Wikipedia sample shipped in the pinned ``gensim``, so no
+prepared corpus is needed), each method in Megatron's DDP with the distributed optimizer.
+SCAPE reports its own ``ByteCounter``; Megatron's dense path has none, so
+:class:`CollectiveTap` wraps the collectives it calls and counts ring bytes per kind: a
+measurement of the dense baseline, not a formula. Nothing is timed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Rank processes of the benchmarks: one launcher, one rank entry.
 
-:func:`launch_ranks` starts ``python -m benchmarks.harness.launch --spec S --rank R`` once per
-rank, inside its network namespace (``ip netns exec``) or on loopback: each rank must start
-*inside* its namespace, which ``scape.spawn.run_distributed`` (spawned from the parent's
-namespace) cannot do. :func:`main` is every rank's skeleton: read the spec, join the process
-group (gloo, or the compute-only ``fake`` group), call the worker named in the spec, barrier,
-write ``rank<R>.json``. Callers pass the worker as a function, so imports show who runs what.
-On a failure or timeout every rank's process group is killed (by the ids started here) and
-the error carries the log tail.
+:func:`launch_ranks` starts ``python -m benchmarks.harness.launch`` once per rank, inside its
+network namespace (``ip netns exec``; ``scape.spawn`` cannot start a rank *inside* one) or on
+loopback; :func:`main` is every rank's skeleton (spec, process group, worker, barrier,
+``rank<R>.json``). On a failure or timeout every rank's process group is killed and the error
+carries the log tail.
 """
 
 from __future__ import annotations

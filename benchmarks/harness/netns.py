@@ -1,15 +1,10 @@
 """An emulated cluster: one network namespace per rank, joined through a switch namespace.
 
-Topology (a star, as nodes hanging off one switch):
-
     rank ns r:  eth0 (10.123.0.<r+1>/24)  <-- veth -->  switch ns: p<r>, attached to bridge br0
 
-Each link is shaped with ``tc tbf`` on *both* ends of its veth: the rank side limits the
-node's upload, the switch side its download, so a link is full duplex at ``rate`` each way
-(netem does not exist in this kernel, so there is no added delay; tbf's queue adds some).
-
-Names carry the creating pid, so :func:`remove_stale` can delete a killed run's leftovers.
-``down()`` (from ``__exit__`` and ``atexit``) deletes the namespaces, and with them the veths.
+Each veth is shaped with ``tc tbf`` on both ends (the node's upload and download: full duplex
+at ``rate``; no netem in this kernel, so no added delay). Names carry the creating pid, so
+:func:`remove_stale` can delete a killed run's leftovers.
 """
 
 from __future__ import annotations

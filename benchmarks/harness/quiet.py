@@ -1,15 +1,12 @@
-"""The quiet-machine protocol every timing benchmark follows.
+"""The quiet-machine protocol every timing benchmark follows (timings on a shared machine are
+mostly other jobs' time).
 
-Timings on a shared machine are mostly other jobs' time, so every timing entry point
-refuses to start beside a study, the tests or another benchmark (:func:`require_quiet`,
-unless ``--allow-busy``) and runs in rounds (:func:`run_round`). Before a round it waits (at
-most ``settle_s``) for the 1-minute load to drop to ``max_load``; around it, it records the
-load, the CPU that *other* processes used (user-space processes outside this one's tree:
-kernel threads include the network stack working for the benchmark itself) and a host speed
-probe (:func:`host_speed_ms`: this virtual machine's speed drifts while the load stays low).
-A round with a higher load before it, or with others above ``max_other_cores``, is re-run at
-most ``retries`` times, then kept and marked ``noisy``. The load *after* a round includes
-the benchmark's own ranks, so it is shown, not judged.
+A timing entry point refuses to start beside a study, the tests or another benchmark
+(:func:`require_quiet`, unless ``--allow-busy``) and runs in rounds (:func:`run_round`): it
+waits for the 1-min load to settle, records the load, other processes' CPU (user-space, outside
+this process tree) and a host speed probe around each round, re-runs a disturbed round at most
+``retries`` times, then keeps it marked ``noisy``. The load *after* a round includes the
+benchmark's own ranks, so it is shown, not judged.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The step sweep's records (``make bench-step``) and their one (de)serializer.
+"""The step sweep's records (``results/bench/megatron_step.json``) and their one (de)serializer.
 
-A :class:`Sweep` is ``results/bench/megatron_step.json``: its :class:`Round` records (one per
-rank count and link rate, each method's steps and compute-only floor at the slowest rank,
-its collectives timed bare, the quiet protocol's record) and the :class:`Point` figures
-derived from them (what the report and the break-even map show). :func:`to_json` and
-:func:`from_json` are the only code that writes or reads them; :func:`from_json` refuses a
-key the records do not have, so a file of another format fails loudly instead of half-read.
+A :class:`Sweep` holds one :class:`Round` per rank count and link rate and the :class:`Point`
+figures derived from them; :func:`from_json` refuses a key the records do not have, so a
+file of another format fails loudly instead of half-read.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The pretrain stage's step timer: a rank worker (``make bench-step``, ``bench-peers-cluster``).
 
-Every method of the spec is a pretrain-stage configuration (``overrides`` as on
-``python -m pipelines.pretrain``'s command line). The rank
-builds each one's engine with the stage's own :func:`pipelines.training.engine.build_engine`,
-its lr schedule with the trainer's, feeds it the trainer's data, and times ``engine.step``
--- the call whose wall time the trainer logs as ``step_time`` -- a barrier before each.
-Over gloo (the emulated links) it reads the interface's sent bytes around each step and,
-with ``time_calls``, then times the method's own collectives bare at the sizes its step
-sent (what the cost model books them at). In the ``fake`` group (the compute-only floor:
-every collective returns at once, locally) it also times forward and backward alone.
-Nothing here depends on how SCAPE's step works inside.
+Each method (pretrain overrides) gets the stage's own engine, lr schedule and data; the worker
+times ``engine.step`` (the trainer's ``step_time``) after a barrier. Over gloo it also reads
+the interface's sent bytes and, with ``time_calls``, times the method's collectives bare at its
+step's sizes; in the ``fake`` group (the compute-only floor) it times forward and backward.
 """
 
 from __future__ import annotations
