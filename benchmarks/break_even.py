@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.projection import PAPER, Assumptions, load_overhead, project_model
+from benchmarks.projection import PAPER, Assumptions, calibrated, project_model
 
 __all__ = ["break_even_bandwidth", "grid", "main", "needed_ratio", "ratio_curve"]
 
@@ -37,8 +37,8 @@ MODES = ("no_overlap", "full_overlap")
 METHODS = ("scape-99", "scape-90")
 
 
-def _cell(a: Assumptions, overhead: dict | None, bw: float, tokens: int) -> dict[str, Any]:
-    p = project_model(MODEL, replace(a, link_gbit=bw), tokens, overhead=overhead)
+def _cell(a: Assumptions, cal: dict | None, bw: float, tokens: int) -> dict[str, Any]:
+    p = project_model(MODEL, replace(a, link_gbit=bw), tokens, cal)
     dense_xfer = p["dense_comm_s"]["grad_sync"] + p["dense_comm_s"]["param_sync"]
     compute = p["dense_step_s"]["no_overlap"] - dense_xfer  # compute + dense optimizer work
     out = {"link_gbit": bw, "tokens_per_gpu": tokens, "compute_s": compute,
@@ -49,10 +49,10 @@ def _cell(a: Assumptions, overhead: dict | None, bw: float, tokens: int) -> dict
     return out
 
 
-def grid(a: Assumptions, overhead: dict | None = None, bandwidths: list[float] = BANDWIDTHS,
+def grid(a: Assumptions, cal: dict | None = None, bandwidths: list[float] = BANDWIDTHS,
          tokens: list[int] = TOKENS) -> list[dict]:  # fmt: skip
     """One projected cell per (bandwidth, tokens per GPU)."""
-    return [_cell(a, overhead, bw, t) for t in tokens for bw in bandwidths]
+    return [_cell(a, cal, bw, t) for t in tokens for bw in bandwidths]
 
 
 def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
@@ -75,12 +75,12 @@ def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
     return None
 
 
-def ratio_curve(a: Assumptions, overhead: dict | None = None,
+def ratio_curve(a: Assumptions, cal: dict | None = None,
                 tokens: int = 16384) -> list[dict]:  # fmt: skip
     """Speed-up against the dense comm/compute ratio: the map's row at ``tokens`` over a
     wide bandwidth range (0.05-3000 Gbit/s)."""
     bws = [10 ** (i / 8) for i in range(-11, 29)]
-    return sorted((_cell(a, overhead, bw, tokens) for bw in bws),
+    return sorted((_cell(a, cal, bw, tokens) for bw in bws),
                   key=lambda c: c["comm_over_compute"])  # fmt: skip
 
 
@@ -235,10 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
     d = args.bench_dir
-    overhead = load_overhead(d)  # measured on a GPU for this step, else the traffic model
-    a = Assumptions()
-    cells = grid(a, overhead)
-    curve = ratio_curve(a, overhead)
+    a, cal = calibrated()  # the projection's: the GPU check's MFU and kernels when there is one
+    cells = grid(a, cal)
+    curve = ratio_curve(a, cal)
     summary = summarize(cells, curve, a)
     plot(cells, d / "break_even.png")
     with open(d / "break_even.csv", "w", newline="") as f:

@@ -3,10 +3,10 @@
 Every input not measured here is an assumption (:class:`Assumptions`, written into
 ``results/bench/projection.json``): NDR links with rings at ``link_efficiency`` of line rate
 and ``alpha_us`` per ring step; bytes from :mod:`benchmarks.harness.paper`; compute = 6 N T +
-12 L h s T FLOPs at ``peak_tflops`` x ``mfu`` (or the GPU check's MFU and kernels when
-``results/gpu/gpu_check_*.json`` has them); optimizer work from the memory-traffic model, or
-``overhead.json``'s GPU timings; no overlap (every exchange after backward) and full overlap
-(each method's value exchange hidden behind compute) as the two bounds.
+12 L h s T FLOPs at ``peak_tflops`` x ``mfu``; optimizer work from the memory-traffic model;
+both calibrated by the GPU check's MFU and kernels when ``results/gpu/gpu_check_*.json`` has
+them (:func:`calibrated`); no overlap (every exchange after backward) and full overlap (each
+method's value exchange hidden behind compute) as the two bounds.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.harness import paper
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
 
-__all__ = ["SPARSITIES", "Assumptions", "comm_seconds", "gpu_calibration", "load_overhead",
+__all__ = ["SPARSITIES", "Assumptions", "calibrated", "comm_seconds", "gpu_calibration",
            "project_model"]  # fmt: skip
 
 PAPER = {"speedup_llama_1_8b": 3.26, "wallclock_saving_llama_500m": 0.433}
@@ -91,23 +91,16 @@ def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
             "buckets": k["buckets"], "kernels": kernels}  # fmt: skip
 
 
-def load_overhead(bench_dir: Path) -> dict | None:
-    """``overhead.json`` if it timed this step (an older step's timings are not used)."""
-    path = bench_dir / "overhead.json"
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text())
-    return doc if doc.get("scape_step") == paper.SCAPE_STEP else None
-
-
-def comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
-    """Exchange seconds per step (``sparsity`` None: dense), by part; each collective costs
-    (W-1) alpha plus the bytes a rank sends in it over B."""
-    return dict(_comm_seconds(n_params, sparsity, a))
+def calibrated(root: Path = Path("results/gpu")) -> tuple[Assumptions, dict | None]:
+    """The assumptions with the GPU check's MFU, and its calibration, when there is one."""
+    cal = gpu_calibration(root)
+    return (Assumptions() if cal is None else replace(Assumptions(), mfu=cal["mfu"])), cal
 
 
 @functools.lru_cache(maxsize=4096)  # the break-even map asks for each link many times
-def _comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
+def comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict[str, float]:
+    """Exchange seconds per step (``sparsity`` None: dense), by part; each collective costs
+    (W-1) alpha plus the bytes a rank sends in it over B (cached: do not modify the result)."""
     w = a.world_size
     calls = len(paper.megatron_buckets(n_params, w))  # per kind of value exchange: one per bucket
     if sparsity is None:
@@ -123,7 +116,7 @@ def _comm_seconds(n_params: int, sparsity: float | None, a: Assumptions) -> dict
 
 
 def project_model(name: str, a: Assumptions, tokens: int | None = None,
-                  gpu_cal: dict | None = None, overhead: dict | None = None) -> dict:  # fmt: skip
+                  gpu_cal: dict | None = None) -> dict:  # fmt: skip
     """Projected step times of dense AdamS and SCAPE-90/99 for one model shape."""
     from scape.megatron.models import SHAPES, count_params
 
@@ -131,7 +124,7 @@ def project_model(name: str, a: Assumptions, tokens: int | None = None,
     n = count_params(shape)
     tokens = tokens or a.tokens_per_gpu
     compute = compute_seconds(shape, tokens, a)
-    opt = optimizer_seconds(n, a, overhead, gpu_cal)
+    opt = optimizer_seconds(n, a, gpu_cal)
     dense_comm = comm_seconds(n, None, a)
     dense_xfer = dense_comm["grad_sync"] + dense_comm["param_sync"]
     dense = {"no_overlap": compute + opt["dense"] + dense_xfer,
@@ -154,29 +147,20 @@ def project_model(name: str, a: Assumptions, tokens: int | None = None,
     return out
 
 
-def optimizer_seconds(n_params: int, a: Assumptions, overhead: dict | None = None,
-                      gpu_cal: dict | None = None) -> dict:  # fmt: skip
-    """Per-step optimizer-side seconds on the GPU: measured where we can, else modeled.
-
-    Order of preference: ``overhead.json`` of this step measured on a GPU (per bucket, times
-    buckets); the GPU check's kernels (measured at Llama-1.8B, scaled by buckets) plus the
-    parts it does not time (weight decay of every entry; dense: the gradient scaling) from
-    the memory-traffic model; the memory-traffic model alone.
-    """
+def optimizer_seconds(n_params: int, a: Assumptions, gpu_cal: dict | None = None) -> dict:
+    """Per-step optimizer-side seconds on the GPU: the GPU check's kernels (measured at
+    Llama-1.8B, scaled by buckets) plus what they do not time (dense: the gradient scaling)
+    from the memory-traffic model; without a GPU check, the memory-traffic model alone."""
     w = a.world_size
     buckets = paper.megatron_buckets(n_params, w)
     bw = a.hbm_Bps * a.hbm_efficiency
-    gpu = (overhead or {}).get("devices", {}).get("cuda")
     out: dict = {}
     for label, sparsity in SPARSITIES.items():
         selected = paper.scape_selected(buckets, w, sparsity)
         traffic = [
             paper.traffic_bytes(w, b // w, s) for b, s in zip(buckets, selected, strict=True)
         ]
-        if gpu:
-            out[label] = len(buckets) * gpu[label]["scape_total_s"]
-            out["dense"] = len(buckets) * gpu[label]["dense_total_s"]
-        elif gpu_cal is not None:
+        if gpu_cal is not None:
             scale = len(buckets) / gpu_cal["buckets"]
             # weight decay rides in the update's pass (step_bucket_): no traffic of its own
             out[label] = scale * gpu_cal["kernels"][label]
@@ -185,9 +169,7 @@ def optimizer_seconds(n_params: int, a: Assumptions, overhead: dict | None = Non
         else:
             out[label] = sum(sum(t["scape"].values()) for t in traffic) / bw
             out["dense"] = sum(sum(t["dense"].values()) for t in traffic) / bw
-    if gpu:
-        out["source"] = "measured on GPU (overhead.json)"
-    elif gpu_cal is not None:
+    if gpu_cal is not None:
         out["source"] = f"GPU check kernels ({gpu_cal['gpu']}) + modeled remainder"
     else:
         out["source"] = (f"modeled (memory traffic / ({a.hbm_Bps / 1e12:g} TB/s x "
@@ -199,13 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
-    overhead = load_overhead(args.bench_dir)
-    cal = gpu_calibration()
-    a = Assumptions() if cal is None else replace(Assumptions(), mfu=cal["mfu"])
-    models = {m: project_model(m, a, gpu_cal=cal, overhead=overhead)
+    a, cal = calibrated()
+    models = {m: project_model(m, a, gpu_cal=cal)
               for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
     sweep = {
-        m: {t: {lab: project_model(m, a, t, cal, overhead)["scape"][lab]["speedup_no_overlap"]
+        m: {t: {lab: project_model(m, a, t, cal)["scape"][lab]["speedup_no_overlap"]
                 for lab in SPARSITIES}
             for t in (1024, 2048, 4096, 8192, 16384, 32768)}
         for m in models

@@ -1,18 +1,12 @@
 """Projection arithmetic: collectives per bucket and per step, optimizer work, monotone in
-batch size, calibration from a GPU check, stale overhead files ignored."""
+batch size, calibration from a GPU check."""
 
 import json
 
 import pytest
 
-from benchmarks.harness.paper import SCAPE_STEP, traffic_bytes
-from benchmarks.projection import (
-    Assumptions,
-    comm_seconds,
-    load_overhead,
-    optimizer_seconds,
-    project_model,
-)
+from benchmarks.harness.paper import traffic_bytes
+from benchmarks.projection import Assumptions, comm_seconds, optimizer_seconds, project_model
 
 A = Assumptions()
 N = 80_000_000  # two full 40M buckets at W=32: shards of 1.25M
@@ -61,19 +55,6 @@ def test_speedup_falls_with_tokens_per_gpu():
     assert s["optimizer_s"] == l_["optimizer_s"]  # optimizer work does not scale with tokens
 
 
-def test_measured_gpu_overhead_is_used_only_for_this_step(tmp_path):
-    assert load_overhead(tmp_path) is None
-    per_bucket = {lab: {"scape_total_s": 0.002, "dense_total_s": 0.001}
-                  for lab in ("scape-90", "scape-99")}  # fmt: skip
-    doc = {"devices": {"cuda": per_bucket}}
-    (tmp_path / "overhead.json").write_text(json.dumps(doc))  # an older step's file
-    assert load_overhead(tmp_path) is None
-    (tmp_path / "overhead.json").write_text(json.dumps({**doc, "scape_step": SCAPE_STEP}))
-    overhead = load_overhead(tmp_path)
-    opt = optimizer_seconds(N, A, overhead)
-    assert opt["scape-99"] == pytest.approx(0.004) and opt["dense"] == pytest.approx(0.002)
-
-
 def test_gpu_check_calibrates_mfu_and_kernels(tmp_path):
     from benchmarks.projection import _flops, gpu_calibration
     from scape.megatron.models import SHAPES
@@ -98,7 +79,7 @@ def test_gpu_check_calibrates_mfu_and_kernels(tmp_path):
     assert cal["mfu"] == pytest.approx(0.5)
     assert cal["kernels"]["scape-90"] == pytest.approx(1.0 + 0.1 + 0.2 + 0.3 + 0.4)
     assert cal["kernels"]["scape-99"] == pytest.approx(2.0 + 0.1 + 0.2 + 0.3 + 0.4)
-    opt = optimizer_seconds(N, A, None, cal)  # N has 2 buckets, as the calibration run
+    opt = optimizer_seconds(N, A, cal)  # N has 2 buckets, as the calibration run
     # the kernels alone: weight decay rides in the update's pass (step_bucket_)
     assert opt["scape-99"] == pytest.approx(2.0 + 1.0)
     assert "GPU check kernels (H200)" in opt["source"]
