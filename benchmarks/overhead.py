@@ -73,29 +73,20 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
     def run_pack() -> None:
         held["wire"] = pack(basis, held["cand"], masks, world_size=world, value_dtype=VALUE_DTYPE)
 
-    scape_parts: dict[str, Callable[[], object]] = {  # fmt: skip
+    def run_commit() -> None:
+        commit_moment_(target, held["cand"], basis, masks, held["wire"], world_size=world)
+
+    def run_step() -> None:  # the summed buffer has the wire's shape and dtype
+        step_bucket_(params, second, basis, masks, held["wire"], world_size=world, decay=runs,
+                     decay_factor=1.0 - LR * WD, update="rms", step=10, lr=LR,
+                     beta=cfg.second_moment_beta, eps=1e-8)  # fmt: skip
+
+    scape_parts: dict[str, Callable[[], object]] = {
         "select": lambda: owner_mask(basis, moment[:shard]),
         "accumulate": run_accumulate,
         "pack": run_pack,
-        "commit": lambda: commit_moment_(
-            target, held["cand"], basis, masks, held["wire"], world_size=world
-        ),  # fmt: skip
-        # the summed buffer has the wire's shape and dtype
-        "step": lambda: step_bucket_(
-            params,
-            second,
-            basis,
-            masks,
-            held["wire"],
-            world_size=world,
-            decay=runs,
-            decay_factor=1.0 - LR * WD,
-            update="rms",
-            step=10,
-            lr=LR,
-            beta=cfg.second_moment_beta,
-            eps=1e-8,
-        ),
+        "commit": run_commit,
+        "step": run_step,
     }
     own = slice(0, shard)
 
@@ -159,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices:
         per_sparsity = {}
         for label, sparsity in (("scape-90", 0.9), ("scape-99", 0.99)):
-            print(
-                f"== overhead: {device.type}, {label}, W={args.world_size}, S={shard}", flush=True
-            )
+            print(f"== overhead: {device.type}, {label}, W={args.world_size}, S={shard}", flush=True)  # fmt: skip
             m = quiet.run_round(f"{device.type} {label}", lambda s=sparsity, d=device: measure(
                 args.world_size, shard, s, args.repeats, d), protocol)  # fmt: skip
             m["per_step_s"] = {model: {"scape": b * m["scape_total_s"], "dense": b * m["dense_total_s"]}

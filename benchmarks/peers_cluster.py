@@ -52,45 +52,34 @@ def overrides_for(method: str, *, warmup: int, world: int, output_root: Path,
             f"data_root={data_root}"]  # fmt: skip
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def summarize(runs: list[dict[str, Any]], reference: str = REFERENCE) -> dict[str, Any]:
     """Per method over its runs that worked: the median of the per-run medians
-    (``step_time_s``), the median over repeats of its step over the reference's in the same
-    repeat (``step_ratio_vs_<reference>``, and the inverse ``speedup_vs_``), the reference's
-    bytes over its own (``bytes_ratio``), and every run's error."""
+    (``step_time_s``), the median over repeats of its step over the reference's in the *same*
+    repeat (``step_ratio_vs_<reference>``: the host drifts between repeats), its bytes, and
+    every run's error."""
     ok = [r for r in runs if r.get("step_time_s") is not None]
-    ref = {r["repeat"]: r for r in ok if r["method"] == reference}
-    ref_sent = _median([r["bytes_per_rank_step"] for r in ref.values()])
+    ref = {r["repeat"]: r["step_time_s"] for r in ok if r["method"] == reference}
     methods: dict[str, Any] = {}
     for name in dict.fromkeys(r["method"] for r in runs):
-        mine, good = (
-            [r for r in runs if r["method"] == name],
-            [r for r in ok if r["method"] == name],
-        )
-        ratios = [
-            r["step_time_s"] / ref[r["repeat"]]["step_time_s"] for r in good if r["repeat"] in ref
-        ]
-        sent = _median([r["bytes_per_rank_step"] for r in good])
+        mine = [r for r in runs if r["method"] == name]
+        good = [r for r in mine if r.get("step_time_s") is not None]
+        ratios = [r["step_time_s"] / ref[r["repeat"]] for r in good if r["repeat"] in ref]
         methods[name] = {
             "runs": len(mine), "runs_ok": len(good),
             "step_time_s": _median([r["step_time_s"] for r in good]),
             "step_time_s_runs": [r["step_time_s"] for r in good],
-            "step_time_s_min": min((r["step_time_s_min"] for r in good), default=None),
-            "bytes_per_rank_step": sent, f"step_ratio_vs_{reference}": _median(ratios),
-            f"step_ratio_vs_{reference}_runs": ratios,
-            f"speedup_vs_{reference}": _median([1 / x for x in ratios]),
-            "bytes_ratio": ref_sent / sent if ref_sent and sent else None,
+            "bytes_per_rank_step": _median([r["bytes_per_rank_step"] for r in good]),
+            f"step_ratio_vs_{reference}": _median(ratios),
             "errors": [r["error"] for r in mine if r.get("error")],
         }  # fmt: skip
     return {"reference": reference, "methods": methods}
 
 
-def run_one(
-    method: str, repeat: int, args: argparse.Namespace, tmp: Path, attempt: int
-) -> dict[str, Any]:
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path, attempt: int) -> dict[str, Any]:  # fmt: skip
     """One method's steps on a fresh cluster (or on loopback)."""
     out_dir = tmp / f"rep{repeat}-{method}-try{attempt}"
     overrides = overrides_for(method, warmup=args.warmup_steps, world=args.ranks,
@@ -105,8 +94,8 @@ def run_one(
             results = launch_ranks(step_worker, spec, out_dir, world_size=args.ranks,
                                    cluster=cluster, timeout_s=args.timeout)  # fmt: skip
         m = summarize_steps(results)[method]
-        record.update(step_time_s=m.step_s, step_time_s_min=min(m.step_s_all),
-                      step_time_s_all=m.step_s_all, bytes_per_rank_step=sum(m.bytes_per_rank.values()),
+        record.update(step_time_s=m.step_s, step_time_s_all=m.step_s_all,
+                      bytes_per_rank_step=sum(m.bytes_per_rank.values()),
                       bytes_by_kind=m.bytes_per_rank, loss_last=m.loss_last)  # fmt: skip
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
         record["error"] = error_summary(err, out_dir, args.ranks)
@@ -118,13 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rate-mbit", type=float, default=1000)
-    parser.add_argument("--steps", type=int, default=30,
-                        help="steps per run, --skip of them left out")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=30, help="steps per run, --skip left out")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup-steps", type=int, default=5,
                         help="train.warmup_steps for every method (1-bit Adam's freeze step)")  # fmt: skip
-    parser.add_argument("--skip", type=int, default=None,
-                        help="first steps left out (default: warm-up + 2)")  # fmt: skip
+    parser.add_argument("--skip", type=int, default=None, help="default: --warmup-steps + 2")
     parser.add_argument("--methods", nargs="+", default=None,
                         help=f"optimizer configs (default: the sweep of {EXPERIMENT})")  # fmt: skip
     parser.add_argument("--loopback", action="store_true", help="no namespaces and no shaping")
@@ -159,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             k = repeat % len(methods)
             for method in methods[k:] + methods[:k]:
-                print(
-                    f"== repeat {repeat + 1}/{args.repeats} {method} ({doc['link']['label']})",
-                    flush=True,
-                )
+                print(f"== repeat {repeat + 1}/{args.repeats} {method} ({doc['link']['label']})", flush=True)  # fmt: skip
                 tries = iter(range(1, args.retries + 2))  # a re-run gets a fresh directory
                 record = quiet.run_round(f"{method} #{repeat + 1}", lambda m=method, r=repeat, t=tries:
                                          run_one(m, r, args, Path(tmp), next(t)), protocol)  # fmt: skip

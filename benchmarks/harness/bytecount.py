@@ -1,7 +1,7 @@
 """The byte count of ``make bench-bytes``: every method through Megatron's train step.
 
-A small Llama on byte-level text (the Wikipedia sample shipped in the pinned ``gensim``, so no
-prepared corpus is needed), each method in Megatron's DDP with the distributed optimizer.
+A small Llama on seeded byte tokens (no prepared corpus needed), each method in Megatron's DDP
+with the distributed optimizer.
 SCAPE reports its own ``ByteCounter``; Megatron's dense path has none, so
 :class:`CollectiveTap` wraps the collectives it calls and counts ring bytes per kind: a
 measurement of the dense baseline, not a formula. Nothing is timed.
@@ -9,11 +9,7 @@ measurement of the dense baseline, not a formula. Nothing is timed.
 
 from __future__ import annotations
 
-import bz2
-import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,8 +21,6 @@ from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ByteCounter, ring_byt
 from scape.config import ScapeConfig
 
 __all__ = ["CollectiveTap", "LlamaShape", "MegatronMethod", "MethodSpec", "bytecount_worker"]
-
-_WIKI = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
 @dataclass(frozen=True)
@@ -40,30 +34,10 @@ class LlamaShape:
     batch: int = 1  # sequences per rank per step
 
 
-@lru_cache(maxsize=1)
-def corpus_bytes(limit: int = 2_000_000) -> Tensor:
-    """Up to ``limit`` bytes of the gensim Wikipedia sample as int64 tokens (or synthetic)."""
-    spec = importlib.util.find_spec("gensim")
-    if spec is not None and spec.origin is not None:
-        path = Path(spec.origin).parent / _WIKI
-        if path.exists():
-            with bz2.open(path) as fh:
-                raw = fh.read(limit)
-            return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
-    # without the sample (gensim is pinned, so only off the lock): seeded bytes; counts alike
-    return torch.randint(0, 256, (limit // 8,), generator=torch.Generator().manual_seed(0))
-
-
 def batch_for(shape: LlamaShape, *, rank: int, step: int, world_size: int) -> Tensor:
-    """(batch, seq + 1) tokens for this rank and step; a deterministic sweep of the corpus."""
-    data = corpus_bytes()
-    span = shape.seq + 1
-    windows = data.numel() // span
-    rows = []
-    for b in range(shape.batch):
-        i = ((step * world_size + rank) * shape.batch + b) * 7919 % windows
-        rows.append(data[i * span : (i + 1) * span])
-    return torch.stack(rows)
+    """(batch, seq + 1) seeded byte tokens for this rank and step (counts do not depend on text)."""
+    g = torch.Generator().manual_seed((step * world_size + rank) * 7919)
+    return torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=g)
 
 
 @dataclass(frozen=True)

@@ -29,23 +29,15 @@ _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-[0-9a-f]+-(?:sw|r\d+)$")
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A tbf shaper: ``rate_mbit`` per direction; ``latency_ms`` bounds its queue.
-
-    tbf needs a bucket (burst) of at least one packet; veth hands it GSO super-packets of
-    up to 64 KiB, so the burst is at least 128 KiB, and large enough for a kernel tick at
-    the configured rate (rate / HZ with HZ as low as 100).
-    """
+    """A tbf shaper: ``rate_mbit`` per direction; ``latency_ms`` bounds its queue."""
 
     rate_mbit: float
     latency_ms: float = 20.0
-    burst_bytes: int | None = None
 
     @property
     def burst(self) -> int:
-        if self.burst_bytes is not None:
-            return self.burst_bytes
-        per_tick = int(self.rate_mbit * 1e6 / 8 / 100)
-        return max(128 * 1024, per_tick)
+        """At least veth's 64 KiB GSO super-packets twice, and a kernel tick at the rate (HZ>=100)."""
+        return max(128 * 1024, int(self.rate_mbit * 1e6 / 8 / 100))
 
     @property
     def label(self) -> str:
@@ -115,7 +107,7 @@ class Cluster:
         self.addrs = [f"{SUBNET}.{r + 1}" for r in range(world_size)]
         self.ifname, self._created = IFNAME, []
 
-    def up(self) -> Cluster:
+    def __enter__(self) -> Cluster:
         atexit.register(self.down)
         try:
             self._add_ns(self.switch_ns)
@@ -153,9 +145,6 @@ class Cluster:
     def exec_argv(self, rank: int, argv: list[str]) -> list[str]:
         """``argv`` run inside rank ``rank``'s namespace."""
         return ["ip", "netns", "exec", self.rank_ns[rank], *argv]
-
-    def __enter__(self) -> Cluster:
-        return self.up()
 
     def __exit__(self, *exc: object) -> None:
         self.down()

@@ -15,7 +15,7 @@ QUIET_OFF = ["--allow-busy", "--retries", "0", "--settle-s", "0"]
 
 
 def _run(method, repeat, step_time_s, nbytes, **extra):
-    return {"method": method, "repeat": repeat, "step_time_s": step_time_s, "step_time_s_min": step_time_s * 0.9,
+    return {"method": method, "repeat": repeat, "step_time_s": step_time_s,
             "bytes_per_rank_step": nbytes, "loadavg": [1.0, 1.5], **extra}  # fmt: skip
 
 
@@ -34,10 +34,7 @@ def test_summary_medians_and_same_repeat_ratios():
     assert dgc["step_time_s_runs"] == [0.20, 0.60, 0.50]
     # Same-repeat ratios 0.5, 0.75, 1.0 -> 0.75; not 0.50 / 0.50 of the medians.
     assert dgc["step_ratio_vs_adams"] == pytest.approx(0.75)
-    assert dgc["step_ratio_vs_adams_runs"] == pytest.approx([0.5, 0.75, 1.0])
-    assert dgc["speedup_vs_adams"] == pytest.approx(4 / 3)  # median of 2, 4/3, 1
-    assert dgc["bytes_per_rank_step"] == 80.0 and dgc["bytes_ratio"] == pytest.approx(50.0)
-    assert dgc["step_time_s_min"] == pytest.approx(0.18)
+    assert dgc["bytes_per_rank_step"] == 80.0
     assert dgc["runs"] == dgc["runs_ok"] == 3 and dgc["errors"] == []
     assert psgd["runs"] == 1 and psgd["runs_ok"] == 0 and psgd["errors"] == ["gloo mismatch"]
     assert psgd["step_time_s"] is None and psgd["step_ratio_vs_adams"] is None
@@ -46,7 +43,6 @@ def test_summary_medians_and_same_repeat_ratios():
 def test_summary_without_reference_in_a_repeat():
     s = summarize([_run("adams", 0, 0.4, 10.0), _run("dgc99", 1, 0.2, 1.0)])
     assert s["methods"]["dgc99"]["step_ratio_vs_adams"] is None  # adams not in repeat 1
-    assert s["methods"]["dgc99"]["bytes_ratio"] == 10.0
 
 
 def test_overrides_run_the_experiment_at_tiny_scale_with_a_short_warm_up(tmp_path):
@@ -147,7 +143,7 @@ def test_a_crashing_method_is_recorded_and_the_sweep_goes_on(monkeypatch, tmp_pa
     assert m["powersgd_r1"]["runs_ok"] == 0 and len(m["powersgd_r1"]["errors"]) == 2
     err = m["powersgd_r1"]["errors"][0]
     assert "rank 0 exited" in err and "collective mismatch" in err and "Connection reset" in err
-    assert m["dgc99"]["step_ratio_vs_adams"] == 0.5 and m["dgc99"]["bytes_ratio"] == 2.0
+    assert m["dgc99"]["step_ratio_vs_adams"] == 0.5 and m["dgc99"]["bytes_per_rank_step"] == 100
     assert "FAILED" in capsys.readouterr().out
     # What the peers study reads from this file: methods.<name>.step_time_s and link.label.
     from pipelines.studies.peers_report import _attach_times, summarize_method
