@@ -115,7 +115,6 @@ def sweep_points(rounds: dict[str, Round]) -> list[Point]:
                 round=rnd.name, world_size=rnd.world_size, link=rnd.link, method=name,
                 label=m.label, step_s=m.step_s, step_s_p25=p25, step_s_p75=p75, floor_s=floor,
                 bytes_per_rank=sum(m.bytes_per_rank.values()),
-                wire_bytes_per_rank=m.wire_bytes_per_rank,
                 speedup_vs_no_overlap=paired_speedup(rnd, ["dense-no-overlap"], name),
                 speedup_vs_overlap=paired_speedup(rnd, ["dense-overlap"], name),
                 speedup_vs_best_dense=paired_speedup(rnd, list(DENSE), name),

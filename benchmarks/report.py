@@ -104,7 +104,6 @@ def step_section(sweep: Sweep | None) -> list[str]:
              "-" if p.step_over_floor is None else f"{p.step_over_floor:.2f}",
              f"{_x(p.speedup_vs_best_dense)} / {_x(p.speedup_vs_no_overlap)} / {_x(p.speedup_vs_overlap)}",
              "-" if p.comm_over_compute is None else f"{p.comm_over_compute:.2f}", _kb(p.bytes_per_rank),
-             f"{p.wire_bytes_per_rank / p.bytes_per_rank:.2f}" if p.wire_bytes_per_rank else "-",
              "-" if p.predicted is None else f"{_ms(p.predicted['total'])} ({p.model_error:+.0%})",
              _load_cell(p)] for p in sweep.points]  # fmt: skip
     rounds = [[name, r.error.splitlines()[0][:150] if r.error else "ok",
@@ -125,7 +124,7 @@ def step_section(sweep: Sweep | None) -> list[str]:
             "bare at the step's size (`benchmarks/megatron_step.py`).", "",
             *_table(["ranks x link", "method", "step ms", "floor ms", "step / floor",
                      "speed-up: faster dense / no overlap / overlap", "comm / compute",
-                     "kB/rank counted", "wire / counted", "model ms (error)", "load before / after"], rows),
+                     "kB/rank counted", "model ms (error)", "load before / after"], rows),
             "", "Per round: tries (a disturbed round is re-run), the 1-min load, other processes' "
             "cores, the host probe (ms of a fixed one-thread workload: higher is a slower host), "
             "a dense method's forward / backward in its floor launch, the round's duration.", "",
@@ -259,8 +258,7 @@ def notes(sweep: Sweep | None, o: dict[str, Any] | None, proj: dict[str, Any] | 
            "start beside a study, the tests or another benchmark; it records the 1-min load, other "
            "processes' CPU and a host probe around each round, and re-runs a disturbed round"
            f"{limits}, then keeps it marked **noisy**. The load after a round includes its own ranks.",
-           "- gloo's reduce-scatter sends more than the ring's volume (wire / counted, section 2); "
-           "NCCL's rings do not. Ranks beyond the cores time-slice their compute (the floor "
+           "- Ranks beyond the cores time-slice their compute (the floor "
            "includes that): such speed-ups are not a scaling result.",
            "- SCAPE's step is bound by its own CPU work on this host and dense AdamS's by the link, "
            "so SCAPE's ratios follow the host's speed (the host probe per round); the comm / compute "

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from benchmarks.harness.netns import tx_bytes
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ByteCounter, ring_bytes_per_rank
 from scape.config import ScapeConfig
 
@@ -149,11 +148,7 @@ def bytecount_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, A
         batch = batch_for(shape, rank=rank, step=i, world_size=world)
         for method in methods:
             dist.barrier()
-            tx0 = tx_bytes(spec["ifname"])
-            row = method.step(i + 1, batch)
-            tx1 = tx_bytes(spec["ifname"])
-            row.update(measured=i >= spec["warmup"], tx_bytes=None if tx0 is None else tx1 - tx0)
-            records.append(row)
+            records.append({**method.step(i + 1, batch), "measured": i >= spec["warmup"]})
     return {"n_params": sum(p.numel() for p in first.module.parameters()),
             "padded": first.buffers[0].grad_data.numel(),
             "shard_sizes": methods[0].shard_sizes(), "steps": records}  # fmt: skip

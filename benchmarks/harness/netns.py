@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Cluster", "LinkSpec", "ready_or_skip", "remove_stale", "skip_reason", "tx_bytes"]
+__all__ = ["Cluster", "LinkSpec", "ready_or_skip", "remove_stale", "skip_reason"]
 
 PREFIX = "scbench"
 SUBNET = "10.123.0"
@@ -148,13 +148,3 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.down()
-
-
-def tx_bytes(ifname: str) -> int | None:
-    """Bytes this namespace's interface has sent (None on loopback: lo is shared)."""
-    if ifname == "lo":
-        return None
-    try:
-        return int(Path(f"/sys/class/net/{ifname}/statistics/tx_bytes").read_text())
-    except OSError:
-        return None

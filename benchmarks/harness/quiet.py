@@ -99,8 +99,7 @@ def require_quiet(bench: str, allow_busy: bool) -> list[tuple[int, str]]:
 
 
 def other_cpu_seconds() -> dict[int, tuple[str, float]]:
-    """pid -> (start time, to tell a reused pid apart; CPU seconds so far, user + system) of
-    every user-space process outside our tree."""
+    """pid -> (start time, CPU seconds so far) of every user-space process outside our tree."""
     # after the name: state(0) ppid(1) ... flags(6) ... utime(11) stime(12) ... start(19)
     return {pid: (f[19], (int(f[11]) + int(f[12])) / _CLK_TCK) for pid, f in _others()
             if not int(f[6]) & _PF_KTHREAD}  # fmt: skip
@@ -114,9 +113,8 @@ def _other_cores(before: dict[int, tuple[str, float]], wall_s: float) -> float:
 
 
 def host_speed_ms(reps: int = 3) -> float:
-    """Milliseconds of a fixed one-thread workload (median of ``reps`` after a warm-up): 8
-    streaming adds over 16 MB (memory-bound, like the optimizers) and 8 products of 256 x 256
-    matrices (compute-bound, like forward and backward). A change is a change of the host."""
+    """Milliseconds of a fixed one-thread workload, memory- and compute-bound like the steps
+    (median of ``reps`` after a warm-up): a change is a change of the host."""
     import torch
 
     threads = torch.get_num_threads()
@@ -137,9 +135,9 @@ def host_speed_ms(reps: int = 3) -> float:
 
 @dataclass(frozen=True)
 class Protocol:
-    max_load: float = 1.5
-    max_other_cores: float = 0.25
-    retries: int = 2
+    max_load: float = 1.5  # 1-min load above which a round is re-run
+    max_other_cores: float = 0.25  # other processes' average cores above which it is re-run
+    retries: int = 2  # re-runs of a disturbed round before it is kept as noisy
     # the 1-min load is an exponential average: after a 4-rank round on 2 cores it takes
     # about 2 minutes to fall back to max_load
     settle_s: float = 240.0
@@ -152,8 +150,7 @@ class Protocol:
         return {k: v for k, v in asdict(self).items() if not k.endswith("_fn")}
 
     def settle(self) -> tuple[float, float]:
-        """Wait until the 1-min load is at most ``max_load`` (or ``settle_s`` passed);
-        returns (load, seconds waited)."""
+        """Wait until the 1-min load is at most ``max_load`` or ``settle_s`` passed: (load, wait)."""
         start, load = time.monotonic(), self.load_fn()
         while load > self.max_load and time.monotonic() - start < self.settle_s:
             self.sleep_fn(min(5.0, self.settle_s))
@@ -163,9 +160,8 @@ class Protocol:
 
 def run_round(name: str, fn: Callable[[], dict[str, Any]], protocol: Protocol,
               deadline: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run ``fn`` (one round, returning its JSON record) under the protocol. Returns the last
-    attempt's record plus ``quiet``: every attempt's load, other cores, probe and verdict,
-    and ``noisy`` (with ``noisy_reason``). No re-run starts after ``deadline`` (monotonic)."""
+    """Run ``fn`` (one round, returning its JSON record) under the protocol: the last attempt's
+    record plus ``quiet`` (every attempt's readings; ``noisy``). No re-run after ``deadline``."""
     p, attempts = protocol, []
     for attempt in range(p.retries + 1):
         load_before, waited = p.settle()
@@ -177,9 +173,7 @@ def run_round(name: str, fn: Callable[[], dict[str, Any]], protocol: Protocol,
         if load_before > p.max_load:
             reasons.append(f"1-min load {load_before:.2f} > {p.max_load} before the round")
         if other > p.max_other_cores:
-            reasons.append(
-                f"other processes used {other:.2f} cores while it ran (> {p.max_other_cores})"
-            )
+            reasons.append(f"other processes used {other:.2f} cores while it ran (> {p.max_other_cores})")  # fmt: skip
         attempts.append({"attempt": attempt + 1, "load_before": load_before, "load_after": load_after,
                          "other_cores": other, "settle_wait_s": waited, "seconds": wall,
                          "host_ms_before": probe_before, "host_ms_after": probe_after,
@@ -210,19 +204,18 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
 
+PROTOCOL_OPTIONS = ("max_load", "max_other_cores", "retries", "settle_s")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The protocol's command-line options, the same for every benchmark."""
+    """The protocol's command-line options (:class:`Protocol`'s fields), the same everywhere."""
     g = parser.add_argument_group("quiet-machine protocol (benchmarks/harness/quiet.py)")
     g.add_argument("--allow-busy", action="store_true",
                    help="run beside studies/tests/benchmarks (disturbed rounds are marked noisy)")  # fmt: skip
-    g.add_argument("--max-load", type=float, default=Protocol.max_load,
-                   help="1-min load above which a round is re-run (default %(default)s)")  # fmt: skip
-    g.add_argument("--max-other-cores", type=float, default=Protocol.max_other_cores,
-                   help="other processes' average cores above which a round is re-run")  # fmt: skip
-    g.add_argument("--retries", type=int, default=Protocol.retries,
-                   help="re-runs of a disturbed round before it is kept as noisy")  # fmt: skip
-    g.add_argument("--settle-s", type=float, default=Protocol.settle_s,
-                   help="longest wait before a round for the load to drop")  # fmt: skip
+    for name in PROTOCOL_OPTIONS:
+        default = getattr(Protocol, name)
+        g.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
+                       help="default %(default)s")  # fmt: skip
 
 
 def protocol_from_args(args: argparse.Namespace) -> Protocol:
@@ -230,5 +223,4 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
         raise SystemExit(f"quiet protocol: --retries {args.retries}, --max-load {args.max_load}, "
                          f"--settle-s {args.settle_s}: need retries >= 0, max-load > 0, "
                          "settle-s >= 0")  # fmt: skip
-    return Protocol(max_load=args.max_load, max_other_cores=args.max_other_cores,
-                    retries=args.retries, settle_s=args.settle_s, allow_busy=args.allow_busy)  # fmt: skip
+    return Protocol(allow_busy=args.allow_busy, **{k: getattr(args, k) for k in PROTOCOL_OPTIONS})

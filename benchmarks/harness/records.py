@@ -48,7 +48,6 @@ class MethodSteps:
     tokens_per_rank_step: int
     step_s_all: list[float]
     bytes_per_rank: dict[str, float]  # as rank 0's engine counts them (ring accounting)
-    wire_bytes_per_rank: float | None = None  # what the interfaces sent (None on loopback)
     loss_last: float | None = None
 
     @property
@@ -104,7 +103,6 @@ class Point:
     step_s_p75: float
     floor_s: float | None
     bytes_per_rank: float
-    wire_bytes_per_rank: float | None
     speedup_vs_no_overlap: float | None  # median of same-step ratios, dense without overlap
     speedup_vs_overlap: float | None
     speedup_vs_best_dense: float | None  # against the faster dense step at each step

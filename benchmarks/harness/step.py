@@ -1,8 +1,8 @@
 """The pretrain stage's step timer: a rank worker (``make bench-step``, ``bench-peers-cluster``).
 
 Each method (pretrain overrides) gets the stage's own engine, lr schedule and data; the worker
-times ``engine.step`` (the trainer's ``step_time``) after a barrier. Over gloo it also reads
-the interface's sent bytes and, with ``time_calls``, times the method's collectives bare at its
+times ``engine.step`` (the trainer's ``step_time``) after a barrier. Over gloo, with ``time_calls``, it
+times the method's collectives bare at its
 step's sizes; in the ``fake`` group (the compute-only floor) it times forward and backward.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness.netns import tx_bytes
 from benchmarks.harness.records import Call, MethodSteps
 
 __all__ = ["forward_backward", "prepare_data", "slowest_calls", "step_calls", "step_worker",
@@ -105,7 +104,6 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     from pipelines.training.engine import build_engine
     from pipelines.training.trainer import _build_scheduler
 
-    ifname = spec["ifname"] if spec["group"] == "gloo" else "lo"
     warmup, steps = int(spec["warmup"]), int(spec["steps"])
     cfgs = {m["name"]: compose(m["overrides"]) for m in spec["methods"]}
     names = list(cfgs)
@@ -131,11 +129,8 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         for name in names[k:] + names[:k]:
             dist.barrier()
             schedulers[name].step(1)
-            tx0 = tx_bytes(ifname)
             res = engines[name].step(batches)
-            tx1 = tx_bytes(ifname)
-            row = {"method": name, "step": step, "measured": step >= warmup,
-                   "seconds": res.seconds, "tx_bytes": None if tx0 is None else tx1 - tx0}  # fmt: skip
+            row = {"method": name, "step": step, "measured": step >= warmup, "seconds": res.seconds}
             last_sent[name] = engines[name].bytes_last_step()
             if rank == 0:
                 row.update(bytes=last_sent[name], loss=res.loss)
@@ -188,13 +183,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, MethodSteps]:
                 for res in results]  # fmt: skip
         by_step = list(zip(*rows, strict=True))
         kinds = sorted({k for r in rows[0] for k in r["bytes"]})
-        wire = [statistics.fmean(r["tx_bytes"] for r in step) for step in by_step
-                if all(r["tx_bytes"] is not None for r in step)]  # fmt: skip
         out[name] = MethodSteps(
             **info, step_s_all=[max(r["seconds"] for r in step) for step in by_step],
             bytes_per_rank={k: statistics.median(r["bytes"].get(k, 0.0) for r in rows[0])
                             for k in kinds},
-            wire_bytes_per_rank=statistics.median(wire) if wire else None,
             loss_last=rows[0][-1].get("loss") if rows[0] else None)  # fmt: skip
     return out
 

@@ -13,7 +13,7 @@ def _point(method: str, step_s: float, floor_s: float, speedup: float | None = N
     fields = {"round": "w2-1gbit", "world_size": 2, "link": "1gbit", "method": method,
               "label": method, "step_s": step_s, "step_s_p25": step_s * 0.9,
               "step_s_p75": step_s * 1.1, "floor_s": floor_s, "bytes_per_rank": 1e6,
-              "wire_bytes_per_rank": 1.5e6, "speedup_vs_no_overlap": speedup,
+              "speedup_vs_no_overlap": speedup,
               "speedup_vs_overlap": None if speedup is None else speedup * 0.8,
               "speedup_vs_best_dense": None if speedup is None else speedup * 0.8,
               "predicted": None, "load_before": 0.3, "load_after": 1.2, "noisy": False}  # fmt: skip

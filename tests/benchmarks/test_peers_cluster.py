@@ -123,7 +123,7 @@ def test_a_crashing_method_is_recorded_and_the_sweep_goes_on(monkeypatch, tmp_pa
             ),
             0,
         )
-        row = {"method": method["name"], "step": 1, "measured": True, "seconds": n, "tx_bytes": None,
+        row = {"method": method["name"], "step": 1, "measured": True, "seconds": n,
                "bytes": {"grad_values": 100 * n}, "loss": 0.5}  # fmt: skip
         return [
             {"methods": {method["name"]: {**info, "label": method["name"]}}, "steps": [row]}
