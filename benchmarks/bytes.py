@@ -86,13 +86,8 @@ def paper_scale_bytes(n_params: int, world_size: int) -> dict[str, Any]:
         for label, s in (("90", 0.9), ("99", 0.99)):
             entries[f"scape-{label}{suffix}"] = paper.scape_bytes(n_params, world_size, s, nbytes)
     dense_total = dense["grad_values"] + dense["param_values"]
-    return {
-        "n_params": n_params,
-        "world_size": world_size,
-        "methods": {
-            n: {"bytes_per_rank": e, **paper.totals(e, dense_total)} for n, e in entries.items()
-        },  # fmt: skip
-    }
+    return {"n_params": n_params, "world_size": world_size,
+            "methods": {n: {"bytes_per_rank": e, **paper.totals(e, dense_total)} for n, e in entries.items()}}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

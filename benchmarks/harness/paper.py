@@ -1,12 +1,8 @@
 """The paper's scale, by formula: Megatron's buckets, both methods' bytes, the optimizers' traffic.
 
-The same ring accounting the communicators count with, applied to Megatron's bucket rule at W
-ranks; SCAPE's side is :func:`scape.comm.step_bytes_per_rank`, the function the simulator's
-and the adapter's counters are tested against. Dense ZeRO-1: per bucket a reduce-scatter of
-the gradients and an all-gather of the parameters. SCAPE: per bucket one all-reduce of the
-selected coefficients (booked half as gradient, half as parameter values) and per step one
-all-gather of the masks, a byte per coefficient. :func:`traffic_bytes`: the optimizer side's
-memory traffic per bucket, which the projection turns into GPU time.
+The communicators' ring accounting applied to Megatron's bucket rule at W ranks (SCAPE's side is
+:func:`scape.comm.step_bytes_per_rank`, which the counters are tested against);
+:func:`traffic_bytes`: the optimizer side's memory traffic per bucket (the projection's GPU time).
 """
 
 from __future__ import annotations

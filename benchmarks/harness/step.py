@@ -21,39 +21,33 @@ __all__ = ["forward_backward", "prepare_data", "slowest_calls", "step_calls", "s
            "summarize", "time_collectives"]  # fmt: skip
 
 FWD_BWD_REPS = 3
-COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
 
 
 def time_collectives(calls: list[tuple[str, int]], reps: int) -> list[list[float]]:
     """Seconds of bare gloo collectives, each ``(op, tensor bytes)``, after one warm-up."""
     world = dist.get_world_size()
+    ops = {"reduce_scatter": lambda full, part: dist.reduce_scatter_tensor(part, full),
+           "all_gather": lambda full, part: dist.all_gather_into_tensor(full, part),
+           "all_reduce": lambda full, part: dist.all_reduce(full)}  # fmt: skip
     out = []
     for op, nbytes in calls:
-        if op not in COLLECTIVES:
-            raise ValueError(f"unknown collective {op!r}: use one of {COLLECTIVES}")
+        if op not in ops:
+            raise ValueError(f"unknown collective {op!r}: use one of {list(ops)}")
         n = max(world, nbytes // 4 // world * world)
-        full, part = torch.randn(n), torch.empty(n // world)
-        times = []
+        full, part, times = torch.randn(n), torch.empty(n // world), []
         for _ in range(reps + 1):
             dist.barrier()
             t0 = time.perf_counter()
-            if op == "reduce_scatter":
-                dist.reduce_scatter_tensor(part, full)
-            elif op == "all_gather":
-                dist.all_gather_into_tensor(full, part)
-            else:
-                dist.all_reduce(full)
+            ops[op](full, part)
             times.append(time.perf_counter() - t0)
         out.append(times[1:])
     return out
 
 
 def step_calls(info: dict[str, Any], counted: dict[str, float], world: int) -> list[dict]:
-    """One collective of each kind a method makes per step, at its own size (tensor bytes),
-    from the bytes its engine counted for a step (a ring's (W-1)/W of each tensor, summed
-    over calls): SCAPE's values all-reduce (booked half as gradient, half as parameter
-    values) and its one mask all-gather; dense's gradient reduce-scatter and parameter
-    all-gather (one per bucket)."""
+    """One collective of each kind a method makes per step, at its size (tensor bytes), from
+    the ring bytes its engine counted: SCAPE's values all-reduce (booked half as gradient,
+    half as parameter values) and mask all-gather; dense's reduce-scatter and all-gather."""
     if world <= 1:
         return []
     calls, whole = max(1, int(info["value_collectives"])), world / (world - 1)
@@ -97,27 +91,21 @@ def _method_info(cfg, ddp, world: int) -> dict[str, Any]:
 
 
 def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """Time ``engine.step`` of each method in the spec (interleaved step by step when there
-    are several); see the module docstring."""
+    """Time ``engine.step`` of the spec's one method (each method runs in rank processes of
+    its own); see the module docstring."""
     from pipelines.training.config import compose
     from pipelines.training.data import load_training_data
     from pipelines.training.engine import build_engine
     from pipelines.training.trainer import _build_scheduler
 
-    warmup, steps = int(spec["warmup"]), int(spec["steps"])
-    cfgs = {m["name"]: compose(m["overrides"]) for m in spec["methods"]}
-    names = list(cfgs)
-    engines = {n: build_engine(cfg, world) for n, cfg in cfgs.items()}
-    schedulers = {n: _build_scheduler(engines[n].optimizer, cfg) for n, cfg in cfgs.items()}
-    info = {n: _method_info(cfg, engines[n].ddp, world) for n, cfg in cfgs.items()}
-    cfg0 = cfgs[names[0]]
-    t = cfg0.train
-    data = load_training_data(engines[names[0]].data_dir, seed=t.seed,
-                              seq_length=cfg0.model.seq_length, world_size=world,
-                              batch_per_rank=t.global_batch_size // world, steps=warmup + steps,
-                              cache_dir=spec["cache_dir"])  # fmt: skip
-    result: dict[str, Any] = {"methods": info, "steps": []}
-    last_sent: dict[str, dict[str, float]] = {}
+    (method,) = spec["methods"]
+    name, cfg, warmup, steps = method["name"], compose(method["overrides"]), spec["warmup"], spec["steps"]  # fmt: skip
+    engine = build_engine(cfg, world)
+    scheduler, info, t = _build_scheduler(engine.optimizer, cfg), _method_info(cfg, engine.ddp, world), cfg.train  # fmt: skip
+    data = load_training_data(engine.data_dir, seed=t.seed, seq_length=cfg.model.seq_length,
+                              world_size=world, batch_per_rank=t.global_batch_size // world,
+                              steps=warmup + steps, cache_dir=spec["cache_dir"])  # fmt: skip
+    result: dict[str, Any] = {"methods": {name: info}, "steps": []}
     profiler = None
     if spec.get("profile_parts"):  # SCAPE's named spans (record_function) over measured steps
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -125,35 +113,27 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         if profiler is not None and step == warmup:
             profiler.start()
         batches = data.rank_micro_batches(step, rank, t.micro_batch_size)
-        k = step % len(names)
-        for name in names[k:] + names[:k]:
-            dist.barrier()
-            schedulers[name].step(1)
-            res = engines[name].step(batches)
-            row = {"method": name, "step": step, "measured": step >= warmup, "seconds": res.seconds}
-            last_sent[name] = engines[name].bytes_last_step()
-            if rank == 0:
-                row.update(bytes=last_sent[name], loss=res.loss)
-            result["steps"].append(row)
+        dist.barrier()
+        scheduler.step(1)
+        res = engine.step(batches)
+        row = {"method": name, "step": step, "measured": step >= warmup, "seconds": res.seconds}
+        sent = engine.bytes_last_step()
+        result["steps"].append({**row, "bytes": sent, "loss": res.loss} if rank == 0 else row)
     if profiler is not None:
         profiler.stop()
         result["parts"] = {e.key: e.cpu_time_total / 1e6 / steps for e in profiler.key_averages()
                            if e.key.startswith("scape.")}  # fmt: skip
     if spec["group"] == "gloo" and spec.get("time_calls"):
         # gloo's CPU-bound collectives are not linear in size: time each at its own size
-        result["calls"] = {}
-        for name in names:
-            wanted = step_calls(info[name], last_sent[name], world)
-            times = time_collectives([(c["op"], c["nbytes"]) for c in wanted],
-                                     int(spec["time_calls"]))  # fmt: skip
-            result["calls"][name] = [{**c, "times": t} for c, t in zip(wanted, times, strict=True)]
-    if spec["group"] == "fake":
-        ref = next((n for n in names if cfgs[n].optimizer.name != "scape"), names[0])
+        wanted = step_calls(info, sent, world)
+        times = time_collectives([(c["op"], c["nbytes"]) for c in wanted], int(spec["time_calls"]))
+        result["calls"] = {name: [{**c, "times": ts} for c, ts in zip(wanted, times, strict=True)]}
+    if spec["group"] == "fake":  # forward and backward alone, what the overlap hides behind
         result["fwd_bwd"] = []
         for rep in range(FWD_BWD_REPS):
             dist.barrier()
             batches = data.rank_micro_batches(rep % (warmup + steps), rank, t.micro_batch_size)
-            result["fwd_bwd"].append(_fwd_bwd(engines[ref], batches))
+            result["fwd_bwd"].append(_fwd_bwd(engine, batches))
     return result
 
 
