@@ -25,7 +25,6 @@ import fnmatch
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -167,9 +166,7 @@ def _write(sweep: Sweep, out: Path) -> None:
 
 def sweep(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None:
     """The rounds, the JSON after each; ends by the budget plus the round in progress."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True, check=False).stdout.strip() or None  # fmt: skip
-    doc = Sweep(commit=commit, started_at=quiet.utc_now(), loopback=args.loopback, host=quiet.host(),
+    doc = Sweep(commit=quiet.commit(), started_at=quiet.utc_now(), loopback=args.loopback, host=quiet.host(),
                 protocol=protocol.to_dict(), bench_model=BENCH_MODEL, steps=args.steps,
                 warmup=args.warmup)  # fmt: skip
     # CPU-bound rounds first, the slow link last: its ranks mostly wait, so the load the

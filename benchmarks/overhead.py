@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,12 +34,11 @@ LR, WD = 1e-4, 0.1
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    sync()
     start = time.perf_counter()
     fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - start
 
 
@@ -81,12 +79,12 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
                      decay_factor=1.0 - LR * WD, update="rms", step=10, lr=LR,
                      beta=cfg.second_moment_beta, eps=1e-8)  # fmt: skip
 
-    scape_parts: dict[str, Callable[[], object]] = {
-        "select": lambda: owner_mask(basis, moment[:shard]),
-        "accumulate": run_accumulate,
-        "pack": run_pack,
-        "commit": run_commit,
-        "step": run_step,
+    parts: dict[str, Callable[[], object]] = {
+        "scape.select": lambda: owner_mask(basis, moment[:shard]),
+        "scape.accumulate": run_accumulate,
+        "scape.pack": run_pack,
+        "scape.commit": run_commit,
+        "scape.step": run_step,
     }
     own = slice(0, shard)
 
@@ -97,21 +95,15 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
                       eps=1e-8, weight_decay=WD)  # fmt: skip
         params[own].copy_(main)
 
-    dense_parts: dict[str, Callable[[], object]] = {
-        # DDP's in-place pre-scaling of all W*S grads (by 1 here: the same cost, and
-        # repeated calls do not drift the values towards denormals)
-        "scale": lambda: grad.mul_(1.0),
-        "update": dense_update,
-    }
-    for fn in [*scape_parts.values(), *dense_parts.values()]:  # warm-up, in step order
+    # DDP's in-place pre-scaling of all W*S grads (by 1 here: the same cost, and repeated
+    # calls do not drift the values towards denormals)
+    parts.update({"dense.scale": lambda: grad.mul_(1.0), "dense.update": dense_update})
+    for fn in parts.values():  # warm-up, in step order
         fn()
-    times: dict[str, list[float]] = {f"scape.{p}": [] for p in scape_parts}
-    times.update({f"dense.{p}": [] for p in dense_parts})
+    times: dict[str, list[float]] = {p: [] for p in parts}
     for _ in range(repeats):  # alternate, so drift on a shared machine hits both alike
-        for p, fn in scape_parts.items():
-            times[f"scape.{p}"].append(_timed(fn, device))
-        for p, fn in dense_parts.items():
-            times[f"dense.{p}"].append(_timed(fn, device))
+        for p, fn in parts.items():
+            times[p].append(_timed(fn, device))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     scape_total = sum(v for n_, v in med.items() if n_.startswith("scape."))
     dense_total = sum(v for n_, v in med.items() if n_.startswith("dense."))
@@ -135,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shard = args.bucket // args.world_size
     buckets = {m: -(-count_params(SHAPES[m]) // args.bucket) for m in PAPER_MODELS}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip() or None  # fmt: skip
-    report: dict = {"scape_step": SCAPE_STEP, "commit": commit, "world_size": args.world_size,
+    report: dict = {"scape_step": SCAPE_STEP, "commit": quiet.commit(), "world_size": args.world_size,
                     "bucket": args.bucket, "shard": shard, "buckets_per_model": buckets,
                     "value_dtype": VALUE_DTYPE, "devices": {},
                     "protocol": protocol.to_dict()}  # fmt: skip

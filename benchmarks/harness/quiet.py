@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUSY_PATTERNS", "Protocol", "add_arguments", "busy_processes", "host",
+__all__ = ["BUSY_PATTERNS", "Protocol", "add_arguments", "busy_processes", "commit", "host",
            "host_speed_ms", "load_average", "other_cpu_seconds", "protocol_from_args",
            "require_quiet", "run_round", "utc_now"]  # fmt: skip
 
@@ -198,6 +199,12 @@ def host() -> dict[str, Any]:
 
     return {"cpus": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "machine": platform.machine()}  # fmt: skip
+
+
+def commit() -> str | None:
+    """The checkout's short commit, for the record beside the timings."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, check=False).stdout.strip() or None  # fmt: skip
 
 
 def utc_now() -> str:
