@@ -94,8 +94,8 @@ bench-step: $(STAMP)
 bench-floor-parts: $(STAMP)
 	$(PY) -m benchmarks.megatron_step --parts $(BUSY) $(ARGS)
 
-# The break-even map (projection over bandwidth x tokens per GPU, measured points placed by
-# their comm/compute ratio): results/bench/break_even.{png,md,csv,json}. Seconds.
+# The break-even map (the projection over bandwidth x tokens per GPU, and the dense comm /
+# compute ratio the paper's x3.26 needs): results/bench/break_even.{png,md,csv,json}. Seconds.
 bench-break-even: $(STAMP)
 	$(PY) -m benchmarks.break_even $(ARGS)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import statistics
 import sys
@@ -86,8 +85,8 @@ def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path, attem
                               output_root=out_dir / "runs", data_root=args.data_root)  # fmt: skip
     spec = {"methods": [{"name": method, "overrides": overrides}], "warmup": args.skip,
             "steps": args.steps - args.skip, "cache_dir": str(tmp / "dataset_cache")}  # fmt: skip
-    record: dict[str, Any] = {"method": method, "repeat": repeat}
-    load_before, start = os.getloadavg()[0], time.perf_counter()
+    record: dict[str, Any] = {"method": method, "repeat": repeat}  # run_round adds the load
+    start = time.perf_counter()
     try:
         link = None if args.loopback else LinkSpec(args.rate_mbit)
         with Cluster(args.ranks, link) if link else contextlib.nullcontext() as cluster:
@@ -99,8 +98,7 @@ def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path, attem
                       bytes_by_kind=m.bytes_per_rank, loss_last=m.loss_last)  # fmt: skip
     except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
         record["error"] = error_summary(err, out_dir, args.ranks)
-    record.update(seconds=time.perf_counter() - start, loadavg=[load_before, os.getloadavg()[0]])
-    return record
+    return {**record, "seconds": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,11 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-mbit", type=float, default=1000)
     parser.add_argument("--steps", type=int, default=30, help="steps per run, --skip left out")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--warmup-steps", type=int, default=5,
-                        help="train.warmup_steps for every method (1-bit Adam's freeze step)")  # fmt: skip
+    parser.add_argument("--warmup-steps", type=int, default=5, help="1-bit Adam's freeze step")
     parser.add_argument("--skip", type=int, default=None, help="default: --warmup-steps + 2")
-    parser.add_argument("--methods", nargs="+", default=None,
-                        help=f"optimizer configs (default: the sweep of {EXPERIMENT})")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", default=None, help=f"default: {EXPERIMENT}'s sweep")
     parser.add_argument("--loopback", action="store_true", help="no namespaces and no shaping")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--data-root", type=Path, default=ROOT / "data")
