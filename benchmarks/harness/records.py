@@ -91,7 +91,7 @@ class Round:
 
 @dataclass
 class Point:
-    """One (round, method): the figures section 2 of the report and the map show."""
+    """One (round, method): the figures of section 2 of the report and its targets."""
 
     round: str
     world_size: int

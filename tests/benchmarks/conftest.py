@@ -1,4 +1,4 @@
-"""A step sweep on disk, for the readers of ``megatron_step.json`` (break-even map, report)."""
+"""A step sweep on disk, for the reader of ``megatron_step.json`` (the report)."""
 
 import json
 
