@@ -192,16 +192,18 @@ def chance_of(task: str, evaluation: dict[str, Any]) -> float | None:
 def at_chance(
     accuracy: float, chance: float | None, examples: int | None, sigmas: float
 ) -> bool | None:
-    """Is an accuracy within noise of the task's chance rate c? None when c or n is unknown.
+    """Is an accuracy no better than the task's chance rate c, within noise? None when c or
+    n is unknown.
 
     Noise is the binomial standard error of a guesser over the task's n items,
     sqrt(c (1 - c) / n), but at least that of one item (1 / n), so a rate measured near 0
-    still leaves room for a lucky answer: at chance when |accuracy - c| <= sigmas x that.
+    still leaves room for a lucky answer: at chance when accuracy <= c + sigmas x that (an
+    accuracy below chance is no result either).
     """
     if chance is None or not examples:
         return None
     noise = max(math.sqrt(chance * (1 - chance) / examples), 1.0 / examples)
-    return abs(accuracy - chance) <= sigmas * noise
+    return accuracy <= chance + sigmas * noise
 
 
 def _task_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
@@ -318,8 +320,9 @@ def quality_notes(
     if rates:
         listed = ", ".join(f"{t} {c:.3f}" for t, c in rates.items())
         notes.append(
-            f'"at chance": an accuracy within {sigmas:g} binomial standard errors of its task\'s '
-            f"chance rate c, sqrt(c(1-c)/n) over the task's n items (at least 1/n); not a "
+            f'"at chance": an accuracy below, or within {sigmas:g} binomial standard errors '
+            f"above, its task's chance rate c, sqrt(c(1-c)/n) over the task's n items (at least "
+            f"1/n); not a "
             f"result. Chance rates (the local tasks' measured on their items: a last-word "
             f"guesser always answering the most frequent word): {listed}."
         )

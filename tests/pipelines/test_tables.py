@@ -123,7 +123,7 @@ def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
         "cloze": {"acc": 0.27, "examples": n},  # no known chance rate: never marked
     }, chance={"scape_lastword": 0.015})  # fmt: skip
     _evaluated_run(tmp_path / "runs", tmp_path / "data", "scape99", 4.5, {
-        "scape_nextsent": {"acc": 0.20, "acc_norm": 0.31, "examples": n},  # -1.6 / +1.96 SE
+        "scape_nextsent": {"acc": 0.20, "acc_norm": 0.31, "examples": n},  # below / +1.96 SE
         # the most frequent last word is right 1.5% of the time: one right answer in 200 is
         # within noise of that guesser (SE 0.0086), not a result
         "scape_lastword": {"acc": 0.005, "examples": n},
@@ -131,6 +131,7 @@ def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
     }, chance={"scape_lastword": 0.015})  # fmt: skip
     _evaluated_run(tmp_path / "runs", tmp_path / "data", "scape90", 4.4, {
         "scape_lastword": {"acc": 0.06, "examples": n},  # +5 SE: above chance
+        "scape_nextsent": {"acc": 0.32, "acc_norm": 0.22, "examples": n},  # +2.3 SE; below
     }, chance={"scape_lastword": 0.015})  # fmt: skip
     result = prepare(PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer,
                                    output_root=str(tmp_path / "data"), num_proc=1, progress=False))  # fmt: skip
@@ -147,7 +148,7 @@ def test_unigram_level_and_chance_marks_in_the_quality_table(tmp_path):
     assert (
         "| 0.500 | at chance (0.005) | at chance (0.200) | at chance (0.310) |" in rows["SCAPE-99"]
     )
-    assert "| - | 0.060 | - | - |" in rows["SCAPE-90"]
+    assert "| - | 0.060 | 0.320 | at chance (0.220) |" in rows["SCAPE-90"]
     notes = quality.split("Notes:")[1]
     assert f"Unigram level of {result.path.name}: {level:.3f} nats per token" in notes
     assert f"AdamS ends {level - 4.0:.3f} nats under the unigram level" in notes
