@@ -17,8 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_version(repo: Path | str = REPO_ROOT) -> dict[str, Any]:
-    """``{"commit": <sha> or None, "dirty": bool}``. ``dirty`` counts tracked files only (an
-    untracked output folder changes no code); ``commit`` is None outside a git checkout."""
+    """``{"commit": <sha> or None, "dirty": bool}``. ``dirty`` counts tracked files outside
+    ``results/`` only (an output changes no code); ``commit`` is None outside a checkout."""
 
     def git(*args: str) -> str | None:
         try:
@@ -29,7 +29,9 @@ def git_version(repo: Path | str = REPO_ROOT) -> dict[str, Any]:
         return out.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    # results/ is what runs write, not code: regenerating a table must not mark it dirty
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results")
+    status = status if commit else None
     return {"commit": commit or None, "dirty": bool(status)}
 
 

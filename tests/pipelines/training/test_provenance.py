@@ -35,3 +35,16 @@ def test_a_run_records_its_commit_and_a_resume_at_other_code(tmp_path: Path) -> 
 
 def test_outside_git_the_commit_is_none(tmp_path: Path) -> None:
     assert git_version(tmp_path) == {"commit": None, "dirty": False}
+
+
+def test_changed_results_are_not_dirty_code(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "t.md").write_text("a\n")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "one")
+    (tmp_path / "results" / "t.md").write_text("b\n")  # a regenerated table
+    assert git_version(tmp_path)["dirty"] is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_version(tmp_path)["dirty"] is True
