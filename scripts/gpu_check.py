@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from scape.adams import adams_update_  # noqa: E402
 from scape.basis import ShardBasis  # noqa: E402
+from scape.config import coefficients_per_chunk  # noqa: E402
 from scape.megatron.models import SHAPES, count_params  # noqa: E402
 from scape.shard import accumulate, commit_moment_, decode, owner_mask, pack, rms_update_  # noqa: E402
 
@@ -134,7 +135,7 @@ def kernel_microbench(
 def _time_kernels(timer, moment, grad, *, sparsity, shard, n_buckets, world_size) -> dict:
     """The per-step kernels of one rank at one sparsity, over all its buckets."""
     device, bucket = moment.device, moment.numel()
-    k = round((1 - sparsity) * 100)
+    k = coefficients_per_chunk(sparsity, 100)
     basis = ShardBasis(shard, 100, k, device)
     masks = torch.stack(
         [basis.select(moment[j * shard : (j + 1) * shard]) for j in range(world_size)]
