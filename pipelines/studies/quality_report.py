@@ -444,14 +444,14 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
         for model in models:
             cell = gap_cell(index, model, variant, steps)
             ref = gap_cell(index, model, REFERENCE, steps)
-            ahead = sum(g < 0 for g in cell.gaps)
-            order = ("ahead of" if ahead == len(cell.gaps) else "behind" if ahead == 0
-                     else f"ahead in {ahead} of {len(cell.gaps)} seeds, behind in the rest, of")  # fmt: skip
-            every = " in every seed" if ahead in (0, len(cell.gaps)) else ""
-            open_ = [n for n, c in ((label, cell), ("AdamS", ref)) if not c.closed]
+            ahead, n = sum(g < 0 for g in cell.gaps), len(cell.gaps)
+            order = ("ahead of dense AdamS in every seed" if ahead == n
+                     else "behind dense AdamS in every seed" if ahead == 0
+                     else f"ahead of dense AdamS in {ahead} of {n} seeds")  # fmt: skip
+            open_ = [name for name, c in ((label, cell), ("AdamS", ref)) if not c.closed]
             grid = f"; lr grid open for {' and '.join(open_)}" if open_ else ""
             parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({_params(index, model)}; "
-                         f"{order} dense AdamS{every}{grid})")  # fmt: skip
+                         f"{order}{grid})")  # fmt: skip
         sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
     commits = ", ".join(c[:10] for c in index.commits) or "an unrecorded commit"
     return (
