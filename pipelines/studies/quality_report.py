@@ -10,6 +10,7 @@ initial weights), each at its own best lr of the grid.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -97,6 +98,7 @@ class RunIndex:
     names one (:func:`protocol.verdict_code`); the others are counted in ``left_out``."""
 
     def __init__(self, runs: list[RunLog], code: str | None = None) -> None:
+        self.all_runs = runs  # every code version's, for runs.csv
         self.code = code or verdict_code(r.step_code for r in runs)
         kept = [r for r in runs if r.step_code == self.code]
         self.left_out = Counter(r.step_code for r in runs if r.step_code != self.code)
@@ -593,7 +595,7 @@ def write_report(
     )
     for readme in (out_dir / "README.md", *verdict_readmes):
         update_block(readme, verdict)
-    write_runs_csv(index, out_dir / "runs.csv")
+    write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]
         for steps in horizons:
@@ -602,25 +604,25 @@ def write_report(
 
 
 RUN_COLUMNS = ("model", "variant", "steps", "lr_scale", "seed", "final_val_loss", "diverged",
-               "spike_steps", "bytes_per_step", "seconds", *STALENESS_KEYS)  # fmt: skip
+               "spike_steps", "bytes_per_step", "seconds", *STALENESS_KEYS, "step_code",
+               "commit")  # fmt: skip
 
 
-def write_runs_csv(index: RunIndex, path: Path) -> None:
-    """One row per finished run (the report's raw material)."""
+def write_runs_csv(runs: list[RunLog], path: Path) -> None:
+    """One row per finished run of every code version (the report's raw material; the
+    tables use one version's, named in ``step_code``; "unstamped": before runs recorded it)."""
     with open(path, "w", newline="", encoding="utf-8") as stream:
         writer = csv.writer(stream)
         writer.writerow(RUN_COLUMNS)
-        for key in sorted(
-            index.runs, key=lambda k: (k.model, k.variant, k.steps, k.lr_scale, k.seed)
-        ):
-            run = index.runs[key]
+        for run in sorted(runs, key=lambda r: (r.step_code, *dataclasses.astuple(run_key(r)))):
+            key = run_key(run)
             sent = [s["bytes"] for s in run.steps if "bytes" in s]
             writer.writerow([
                 key.model, key.variant, key.steps, key.lr_scale, key.seed,
                 run.final["final_val_loss"], run.final.get("diverged"),
                 run.final.get("spike_steps", ""),
                 statistics.fmean(sent) if sent else "", run.final.get("seconds", ""),
-                *(run.final.get(k, "") for k in STALENESS_KEYS),
+                *(run.final.get(k, "") for k in STALENESS_KEYS), run.step_code, run.commit or "",
             ])  # fmt: skip
 
 
