@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pipelines.training.provenance import git_version
 
 __all__ = ["BUSY_PATTERNS", "Protocol", "add_arguments", "busy_processes", "commit", "host",
            "host_speed_ms", "load_average", "other_cpu_seconds", "protocol_from_args",
@@ -203,8 +204,7 @@ def host() -> dict[str, Any]:
 
 def commit() -> str | None:
     """The checkout's short commit, for the record beside the timings."""
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parents[2],
-                          capture_output=True, text=True, check=False).stdout.strip() or None  # fmt: skip
+    return (git_version()["commit"] or "")[:7] or None
 
 
 def utc_now() -> str:
