@@ -48,3 +48,22 @@ def prepared_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
         progress=False,
     )
     return prepare(cfg).path
+
+
+@pytest.fixture
+def commit_all():
+    """``commit_all(repo, message)``: ``git init`` (once), add every file and commit: a
+    checkout whose commit a run can record."""
+    import subprocess
+
+    def commit(repo: Path, message: str = "one") -> None:
+        def git(*args: str) -> None:
+            subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                           cwd=repo, check=True, capture_output=True)  # fmt: skip
+
+        if not (repo / ".git").exists():
+            git("init", "-q")
+        git("add", ".")
+        git("commit", "-qm", message)
+
+    return commit

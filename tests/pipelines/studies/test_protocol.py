@@ -4,30 +4,24 @@ is made of."""
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 
 from pipelines.studies.protocol import UNSTAMPED, choose_lr, code_version, step_code, verdict_code
 
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
-                   check=True, capture_output=True)  # fmt: skip
-
-
-def test_code_version_records_the_commit_dirtiness_and_the_step_sources(tmp_path: Path) -> None:
+def test_code_version_records_the_commit_dirtiness_and_the_step_sources(
+    tmp_path: Path, commit_all
+) -> None:
     (tmp_path / "scape").mkdir()
     (tmp_path / "scape" / "shard.py").write_text("x = 1\n")
     (tmp_path / "README.md").write_text("docs\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "one")
+    commit_all(tmp_path)
     first = code_version(tmp_path)
     assert len(first["commit"]) == 40 and first["dirty"] is False
     # A doc change: a new commit, the same step code (no re-run needed).
     (tmp_path / "README.md").write_text("more docs\n")
     assert code_version(tmp_path)["dirty"] is True
-    _git(tmp_path, "commit", "-qam", "docs")
+    commit_all(tmp_path, "docs")
     second = code_version(tmp_path)
     assert second["commit"] != first["commit"] and second["step_code"] == first["step_code"]
     # A change to the step's source: a new code version.

@@ -4,25 +4,17 @@ each later code version."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from pipelines.training.provenance import PROVENANCE_FILE, git_version, record_provenance
 
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
-                   check=True, capture_output=True)  # fmt: skip
-
-
-def test_a_run_records_its_commit_and_a_resume_at_other_code(tmp_path: Path) -> None:
+def test_a_run_records_its_commit_and_a_resume_at_other_code(tmp_path: Path, commit_all) -> None:
     repo, run_dir = tmp_path / "repo", tmp_path / "run"
     repo.mkdir()
     run_dir.mkdir()
     (repo / "a.py").write_text("x = 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "one")
+    commit_all(repo)
     first = record_provenance(run_dir, repo)
     assert first == {**git_version(repo), "resumed": []} and len(first["commit"]) == 40
     assert record_provenance(run_dir, repo) == first  # resumed at the same code: unchanged
@@ -37,13 +29,11 @@ def test_outside_git_the_commit_is_none(tmp_path: Path) -> None:
     assert git_version(tmp_path) == {"commit": None, "dirty": False}
 
 
-def test_changed_results_are_not_dirty_code(tmp_path: Path) -> None:
+def test_changed_results_are_not_dirty_code(tmp_path: Path, commit_all) -> None:
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "t.md").write_text("a\n")
     (tmp_path / "a.py").write_text("x = 1\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "one")
+    commit_all(tmp_path)
     (tmp_path / "results" / "t.md").write_text("b\n")  # a regenerated table
     assert git_version(tmp_path)["dirty"] is False
     (tmp_path / "a.py").write_text("x = 2\n")
