@@ -31,6 +31,8 @@ from pipelines.studies.quality_config import QualityStudyConfig, RunSpec
 
 __all__ = ["plan_runs", "resolve", "run"]
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="quality_study_schema", node=QualityStudyConfig)
@@ -132,7 +134,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     torch.set_num_threads(1)  # the machine is shared; one core per study process
     init_megatron_single_process()
     out_dir = Path(cfg.out_dir)
-    code = code_version(Path(__file__).resolve().parents[1])
+    code = code_version(REPO)
     runs_dir = out_dir / "runs" / str(code["step_code"])
     plan = [] if cfg.report_only else plan_runs(cfg)
     data_by_seed: dict[int, Any] = {}
@@ -176,12 +178,11 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
 
     labels = {k: v.label or k for k, v in cfg.variants.items()}
     paper = SHAPES["llama-1.8b"]
-    repo = Path(__file__).resolve().parents[1]
-    committed = out_dir.resolve() == (repo / "results" / "quality").resolve()
+    committed = out_dir.resolve() == (REPO / "results" / "quality").resolve()
     index = write_report(
         out_dir, cfg.variants, labels, study_notes(cfg), finalists=cfg.finalists,
         cost_shape=("Llama-1.8B", count_params(paper), 32), overview=cfg.overview,
-        verdict_readmes=(repo / "README.md",) if committed else (),
+        verdict_readmes=(REPO / "README.md",) if committed else (),
     )  # fmt: skip
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return list(index.runs)

@@ -44,8 +44,9 @@ STEP_SOURCES = (
 
 
 def step_code(repo: Path | str = ".") -> str:
-    """A 12-hex digest of :data:`STEP_SOURCES` (by path and content) and the torch and megatron-core versions: two runs with the same digest ran the
-    same arithmetic, whatever commits they were made at, so their runs may share a table.
+    """A 12-hex digest of :data:`STEP_SOURCES` (by path and content) and the torch and
+    megatron-core versions: two runs with the same digest ran the same arithmetic, whatever
+    commits they were made at, so their runs may share a table.
     (The same computation; on another host the bits may still differ in the last places.)"""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -53,9 +54,8 @@ def step_code(repo: Path | str = ".") -> str:
     h = hashlib.sha256()
     for source in STEP_SOURCES:
         path = root / source
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] * path.is_file()
-        for f in files:
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        if path.is_file():
+            h.update(source.encode() + b"\0" + path.read_bytes() + b"\0")
     for package in ("torch", "megatron-core"):
         try:
             h.update(f"{package}=={version(package)}".encode())
