@@ -133,13 +133,20 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-report $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-replay quality-report $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study data_dir=$(QUALITY_DATA) report=false scale.steps=$(VERDICT_STEPS) \
 	  'only_models=[$*]' 'only_variants=[adams,adamw,scape90,scape99]' 'seeds=[0,1,2]' \
 	  'lr_scales=$(VERDICT_GRID)' close_grids=4 $(ARGS)
+
+# After a change to a file of the step's source (pipelines/studies/protocol.py, STEP_SOURCES):
+# replay one run per (model, method) of each older code version with today's code (minutes).
+# Same bits in every logged record: results/quality/runs/equivalent.json joins the versions,
+# and their runs share the tables; any difference: the older runs stay apart (re-run them).
+quality-replay: $(STAMP)
+	$(PY) -m pipelines.quality_study replay=true data_dir=$(QUALITY_DATA) $(ARGS)
 
 # Rewrite results/quality/summary.md, runs.csv and figures from the finished runs (seconds).
 quality-report: $(STAMP)

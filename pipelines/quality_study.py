@@ -5,6 +5,7 @@
     python -m pipelines.quality_study quick=true          # minutes: tiny models, few steps
     python -m pipelines.quality_study only_variants=[adams,scape99] 'seeds=[0,1,2]'
     python -m pipelines.quality_study report_only=true    # only rewrite the report
+    python -m pipelines.quality_study replay=true         # join older code versions' runs
 
 Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the
 ablations with ``ablation_seeds``), core runs first so that an interrupted study has the
@@ -19,6 +20,7 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,54 @@ def study_notes(cfg: QualityStudyConfig) -> str:
     )
 
 
+def replay_others(
+    cfg: QualityStudyConfig, out_dir: Path, code: dict[str, Any], train: Callable[..., Any]
+) -> None:
+    """Replay, with this code, one run per (model, variant) of every other stamped code version
+    under ``out_dir/runs`` that no replay has joined to it yet (``only_models`` /
+    ``only_variants`` narrow the set); record the two versions as one where every replay gives
+    the same bits, and say where the first one differed otherwise."""
+    from pipelines.studies.protocol import (
+        UNSTAMPED,
+        code_classes,
+        load_equivalences,
+        record_equivalence,
+    )
+    from pipelines.studies.quality_report import load_runs, read_run
+    from pipelines.studies.replay import differences, replay_set, spec_of
+
+    runs_root, current = out_dir / "runs", str(code["step_code"])
+    runs = [r for r in load_runs(runs_root)
+            if (not cfg.only_models or r.model in cfg.only_models)
+            and (not cfg.only_variants or r.variant in cfg.only_variants)]  # fmt: skip
+    joined = code_classes(load_equivalences(runs_root)).get(current, frozenset({current}))
+    others = sorted({r.step_code for r in runs} - joined - {UNSTAMPED})
+    if not others:
+        print(f"replay: no code version to compare with `{current}`", flush=True)
+    for other in others:
+        stored = replay_set(runs, other)
+        into = Path(cfg.replay_dir) / current
+        found = []
+        for i, run in enumerate(stored, 1):
+            spec = spec_of(run, cfg.data_dir)
+            train(spec, f"replaying `{other}` with `{current}`: {i}/{len(stored)}", into)
+            replayed = read_run(into / f"{spec.run_id}.jsonl")
+            assert replayed is not None
+            diff = differences(run, replayed)
+            print(f"  {spec.run_id}: {'same bits' if diff is None else diff}", flush=True)
+            found += [f"{spec.run_id}: {diff}"] if diff else []
+        if found:
+            print(f"replay: `{current}` does NOT compute what `{other}` did ({len(found)} of "
+                  f"{len(stored)} runs differ); its runs stay apart", flush=True)  # fmt: skip
+            continue
+        record_equivalence(runs_root, {
+            "code": current, "same_as": other, "runs": [r.header["run_id"] for r in stored],
+            "commit": code["commit"], "dirty": code["dirty"],
+        })  # fmt: skip
+        print(f"replay: `{current}` computes what `{other}` did ({len(stored)} runs, same "
+              f"bits); recorded in {runs_root / 'equivalent.json'}", flush=True)  # fmt: skip
+
+
 def run(cfg: QualityStudyConfig | DictConfig) -> list:
     """Run (or skip, when finished) every planned run, then write the report."""
     import torch
@@ -136,33 +186,35 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     out_dir = Path(cfg.out_dir)
     code = code_version(REPO)
     runs_dir = out_dir / "runs" / str(code["step_code"])
-    plan = [] if cfg.report_only else plan_runs(cfg)
-    data_by_seed: dict[int, Any] = {}
-    batches: list[Any] = []  # [validation curve batches, final validation batches]
+    plan = [] if cfg.report_only or cfg.replay else plan_runs(cfg)
+    data_cache: dict[tuple, Any] = {}  # per seed and scale shape
+    val_cache: dict[Any, Any] = {}  # (curve batches, final batches) per curve subset size
 
-    def train(spec: RunSpec, label: str) -> None:
-        if spec.seed not in data_by_seed:
-            data_by_seed[spec.seed] = load_study_data(
-                cfg.data_dir,
-                seed=spec.seed,
-                seq_length=cfg.scale.seq_length,
-                world_size=cfg.scale.world_size,
-                batch_per_worker=cfg.scale.batch_per_worker,
-                steps=cfg.scale.steps,
-                cache_dir=cfg.cache_dir,
+    def train(spec: RunSpec, label: str, into: Path = runs_dir) -> dict[str, Any]:
+        s = spec.scale
+        shape = (spec.seed, s.seq_length, s.world_size, s.batch_per_worker, s.steps)
+        if shape not in data_cache:
+            data_cache[shape] = load_study_data(
+                cfg.data_dir, seed=spec.seed, seq_length=s.seq_length, world_size=s.world_size,
+                batch_per_worker=s.batch_per_worker, steps=s.steps, cache_dir=cfg.cache_dir,
+            )  # fmt: skip
+        data = data_cache[shape]
+        if s.val_max_sequences not in val_cache:  # validation order is not shuffled
+            val_cache[s.val_max_sequences] = (
+                data.validation_batches(s.val_max_sequences, batch_size=64),
+                data.validation_batches(None, batch_size=64),
             )
-        data = data_by_seed[spec.seed]
-        if not batches:  # the same for every run (validation order is not shuffled)
-            batches.append(data.validation_batches(cfg.scale.val_max_sequences, batch_size=64))
-            batches.append(data.validation_batches(None, batch_size=64))
         start = time.perf_counter()
-        final = train_run(spec, data, batches[0], batches[1], runs_dir, code)
+        final = train_run(spec, data, *val_cache[s.val_max_sequences], into, code)
         print(
             f"[{label}] {spec.run_id}: val {final['final_val_loss']:.4f}"
             f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",
             flush=True,
         )
+        return final
 
+    if cfg.replay:
+        replay_others(cfg, out_dir, code, train)
     for i, spec in enumerate(plan, 1):
         train(spec, f"{i}/{len(plan)}")
     for extension in range(1, cfg.close_grids + 1):

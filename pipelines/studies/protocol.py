@@ -6,6 +6,10 @@ and whether its lr grid is closed.
   from the runs of one such code version only (:func:`verdict_code`), so a change to the
   step's arithmetic never sits in one cell beside the old numbers, while a change elsewhere
   (a report, a doc) forces no re-run; the report names every commit it drew on.
+- Two code versions count as one where a replay showed it: :mod:`pipelines.studies.replay`
+  re-ran one stored run per (model, method) of the older version with the newer code and got
+  the same bits in every logged record (:func:`code_classes` reads what it recorded). A
+  refactor of the step's files then forces no re-run; a change to the arithmetic fails it.
 - A method's lr is the grid point with the lowest *mean* final loss over every seed of the
   cell, at the horizon the table reports (:func:`choose_lr`): a point one seed favours by
   luck, or one that diverges on another seed, is not chosen.
@@ -16,6 +20,7 @@ and whether its lr grid is closed.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import statistics
 from collections import Counter
@@ -25,9 +30,21 @@ from pathlib import Path
 
 from pipelines.training.provenance import git_version
 
-__all__ = ["UNSTAMPED", "LrChoice", "choose_lr", "code_version", "step_code", "verdict_code"]
+__all__ = [
+    "EQUIVALENCE_FILE",
+    "UNSTAMPED",
+    "LrChoice",
+    "choose_lr",
+    "code_classes",
+    "code_version",
+    "load_equivalences",
+    "record_equivalence",
+    "step_code",
+    "verdict_code",
+]
 
 UNSTAMPED = "unstamped"  # runs made before runs recorded their commit
+EQUIVALENCE_FILE = "equivalent.json"  # beside the code versions' folders, under runs/
 
 
 # The source that computes a quality run's numbers: a change here may change them, a change
@@ -70,14 +87,58 @@ def code_version(repo: Path | str = ".") -> dict[str, object]:
     return {**git_version(repo), "step_code": step_code(repo)}
 
 
-def verdict_code(codes: Iterable[str]) -> str | None:
-    """The code version whose runs the tables are made of: the one with the most runs (ties:
-    the one listed first). ``codes`` is each run's step code, :data:`UNSTAMPED` for runs
-    without one; stamped runs win over unstamped ones whatever their count."""
+def verdict_code(
+    codes: Iterable[str], classes: Mapping[str, frozenset[str]] | None = None
+) -> str | None:
+    """The code version whose runs the tables are made of: the one whose class (``classes``,
+    :func:`code_classes`; each version alone by default) has the most runs, named by its
+    member with the most (ties: the one listed first). ``codes`` is each run's step code,
+    :data:`UNSTAMPED` for runs without one; stamped runs win over unstamped ones whatever
+    their count."""
     counts = Counter(codes)
     stamped = {c: n for c, n in counts.items() if c != UNSTAMPED}
     pool = stamped or dict(counts)
-    return max(pool, key=pool.get) if pool else None
+    if not pool:
+        return None
+    classes = classes or {}
+    size = {c: sum(pool.get(m, 0) for m in classes.get(c, {c})) for c in pool}
+    return max(pool, key=lambda c: (size[c], pool[c]))
+
+
+def load_equivalences(runs_dir: Path) -> list[dict[str, object]]:
+    """The replays recorded under ``runs_dir`` (:data:`EQUIVALENCE_FILE`; [] when none): each
+    ``{"code", "same_as", "runs", "commit", "dirty"}``: code version ``code`` (at ``commit``)
+    replayed ``runs`` of ``same_as`` and got the same bits."""
+    path = Path(runs_dir) / EQUIVALENCE_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def record_equivalence(runs_dir: Path, record: dict[str, object]) -> None:
+    """Add one replay's record to :data:`EQUIVALENCE_FILE` (kept sorted, one per pair)."""
+    pairs = {(r["code"], r["same_as"]): r for r in load_equivalences(runs_dir)}
+    pairs[(record["code"], record["same_as"])] = record
+    path = Path(runs_dir) / EQUIVALENCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [pairs[k] for k in sorted(pairs)]  # type: ignore[type-var]
+    path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+def code_classes(equivalences: Iterable[Mapping[str, object]]) -> dict[str, frozenset[str]]:
+    """Every code version named in ``equivalences`` -> the set of versions a chain of replays
+    joins it to (itself included). Versions not named are alone in their class."""
+    parent: dict[str, str] = {}
+
+    def root(c: str) -> str:
+        while parent.setdefault(c, c) != c:
+            c = parent[c]
+        return c
+
+    for r in equivalences:
+        parent[root(str(r["code"]))] = root(str(r["same_as"]))
+    members: dict[str, set[str]] = {}
+    for c in list(parent):
+        members.setdefault(root(c), set()).add(c)
+    return {c: frozenset(members[root(c)]) for c in parent}
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,10 @@ class QualityStudyConfig:
     finalists: list[str] = field(default_factory=list)
     overview: list[ReadingRow] = field(default_factory=list)  # the report's opening table
     report_only: bool = False  # true: only rewrite the report from the finished runs
+    # true: replay one run per (model, variant) of every other code version under out_dir
+    # with this code (pipelines.studies.replay), then write the report
+    replay: bool = False
+    replay_dir: str = "outputs/quality_replay"  # the replays' own runs, per code version
     report: bool = True  # write summary, plots after the runs
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
     quick_variants: list[str] = field(default_factory=list)

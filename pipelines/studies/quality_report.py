@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.studies.protocol import UNSTAMPED, LrChoice, choose_lr, verdict_code
+from pipelines.studies.protocol import (
+    UNSTAMPED,
+    LrChoice,
+    choose_lr,
+    code_classes,
+    load_equivalences,
+    verdict_code,
+)
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.quality_run import FINAL, STALENESS_KEYS
 from pipelines.studies.reading_costs import reading_cost
@@ -31,6 +38,7 @@ __all__ = [
     "cost_table",
     "gap_table",
     "load_runs",
+    "read_run",
     "lr_table",
     "overview_table",
     "plot_gap_vs_steps",
@@ -63,16 +71,19 @@ class RunLog:
         return (self.header.get("code") or {}).get("commit")
 
 
+def read_run(path: Path) -> RunLog | None:
+    """A run's JSONL file; None when the run has not finished."""
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    if len(lines) < 2 or lines[-1].get("event") != FINAL:
+        return None
+    return RunLog(lines[0], lines[1:-1], lines[-1])
+
+
 def load_runs(runs_dir: Path) -> list[RunLog]:
     """Every finished run under ``runs_dir``: each code version's folder, and the unstamped
     runs made before runs recorded their code, at the top."""
-    runs = []
-    for path in sorted(runs_dir.rglob("*.jsonl")):
-        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-        if len(lines) < 2 or lines[-1].get("event") != FINAL:
-            continue
-        runs.append(RunLog(lines[0], lines[1:-1], lines[-1]))
-    return runs
+    runs = (read_run(path) for path in sorted(runs_dir.rglob("*.jsonl")))
+    return [r for r in runs if r is not None]
 
 
 REFERENCE = "adams"
@@ -95,20 +106,37 @@ def run_key(run: RunLog) -> RunKey:
 
 class RunIndex:
     """The runs of ONE code version, by key: the version with the most runs unless ``code``
-    names one (:func:`protocol.verdict_code`); the others are counted in ``left_out``."""
+    names one (:func:`protocol.verdict_code`), with the versions a replay showed to compute
+    the same bits (``equivalences``, :func:`protocol.load_equivalences`); the others are
+    counted in ``left_out``."""
 
-    def __init__(self, runs: list[RunLog], code: str | None = None) -> None:
+    def __init__(
+        self,
+        runs: list[RunLog],
+        code: str | None = None,
+        equivalences: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.all_runs = runs  # every code version's, for runs.csv
-        self.code = code or verdict_code(r.step_code for r in runs)
-        kept = [r for r in runs if r.step_code == self.code]
-        self.left_out = Counter(r.step_code for r in runs if r.step_code != self.code)
-        self.runs = {run_key(r): r for r in kept}
-        self.commits = sorted({r.commit for r in kept if r.commit})
-        self.dirty = sum(bool((r.header.get("code") or {}).get("dirty")) for r in kept)
+        self.equivalences = equivalences or []
+        classes = code_classes(self.equivalences)
+        self.code = code or verdict_code((r.step_code for r in runs), classes)
+        self.codes = classes.get(self.code, frozenset({self.code}))
+        own = Counter(r.step_code for r in runs)
+        # the named version's run first, where an equivalent version has the same key
+        kept = sorted((r for r in runs if r.step_code in self.codes),
+                      key=lambda r: (r.step_code != self.code, -own[r.step_code], r.step_code))  # fmt: skip
+        self.left_out = Counter(r.step_code for r in runs if r.step_code not in self.codes)
+        self.runs: dict[RunKey, RunLog] = {}
+        for r in kept:
+            self.runs.setdefault(run_key(r), r)
+        self.commits = sorted({r.commit for r in self.runs.values() if r.commit})
+        self.dirty = sum(bool((r.header.get("code") or {}).get("dirty"))
+                         for r in self.runs.values())  # fmt: skip
 
     @classmethod
     def load(cls, out_dir: Path, code: str | None = None) -> RunIndex:
-        return cls(load_runs(out_dir / "runs"), code)
+        runs_dir = out_dir / "runs"
+        return cls(load_runs(runs_dir), code, load_equivalences(runs_dir))
 
     def provenance(self) -> str:
         """One paragraph: which code version the tables are made of, and what was left out."""
@@ -123,6 +151,15 @@ class RunIndex:
             made = (f"Every table here is made of the {len(self.runs)} runs of code version "
                     f"`{self.code}` (the library's step and the study's run code, torch and "
                     f"megatron-core versions; commits {commits}{dirty}).")  # fmt: skip
+            joined = [r for r in self.equivalences
+                      if r["code"] in self.codes and r["same_as"] in self.codes]  # fmt: skip
+            if joined:
+                made += " " + " ".join(
+                    f"Version `{r['code']}` (commit {str(r.get('commit') or '?')[:10]}) "
+                    f"replayed {len(r['runs'])} runs of `{r['same_as']}` and got the same "
+                    f"bits in every logged record, so their runs share these tables."
+                    for r in joined
+                )
         if self.left_out:
             other = ", ".join(f"{n} of `{c}`" for c, n in sorted(self.left_out.items()))
             made += f" Left out: runs of other code versions ({other})."

@@ -76,13 +76,13 @@ def test_grids_are_extended_past_an_edge_choice_on_every_seed(compose_study, tmp
 
 
 # ---------------------------------------------------------------- end to end (subprocess)
-def _quick(prepared_small: Path, out: Path) -> subprocess.CompletedProcess:
+def _quick(prepared_small: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "pipelines.quality_study", "quick=true",
         f"data_dir={prepared_small}", f"quick_out_dir={out}", f"cache_dir={out.parent / 'cache'}",
         "only_models=[llama]", "quick_variants=[adams,r0ef_99]",
         "quick_scale.steps=12", "quick_scale.eval_interval=5", "quick_scale.val_max_sequences=16",
-        f"hydra.run.dir={out.parent / 'hydra'}",
+        f"hydra.run.dir={out.parent / 'hydra'}", f"replay_dir={out.parent / 'replays'}", *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -136,3 +136,22 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
     again = _records(runs / "llama__r0ef_99__s0__t12.jsonl")
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in again]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in recs]
+
+    # Replay: the runs, stamped as if another code version had made them, are replayed with
+    # this code. Same bits: the versions are recorded as one. One logged loss changed: not.
+    for fake, tamper in (("feedbeef0000", False), ("badbadbad000", True)):
+        (out / "runs" / fake).mkdir()
+        for path in runs.glob("*.jsonl"):
+            recs = _records(path)
+            recs[0]["code"]["step_code"] = fake
+            recs[2]["loss"] += 1e-9 if tamper and "r0ef" in path.name else 0.0
+            (out / "runs" / fake / path.name).write_text(
+                "".join(json.dumps(r) + "\n" for r in recs)
+            )
+    log = _quick(prepared_small, out, "replay=true").stdout
+    assert f"`{runs.name}` computes what `feedbeef0000` did (2 runs, same bits)" in log
+    assert f"`{runs.name}` does NOT compute what `badbadbad000` did (1 of 2 runs differ)" in log
+    assert "llama__r0ef_99__s0__t12: step 10: loss" in log
+    (joined,) = json.loads((out / "runs" / "equivalent.json").read_text())
+    assert (joined["code"], joined["same_as"]) == (runs.name, "feedbeef0000")
+    assert "feedbeef0000" in (out / "summary.md").read_text()  # the report names the replay

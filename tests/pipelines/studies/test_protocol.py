@@ -6,7 +6,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipelines.studies.protocol import UNSTAMPED, choose_lr, code_version, step_code, verdict_code
+from pipelines.studies.protocol import (
+    UNSTAMPED,
+    choose_lr,
+    code_classes,
+    code_version,
+    load_equivalences,
+    record_equivalence,
+    step_code,
+    verdict_code,
+)
 
 
 def test_code_version_records_the_commit_dirtiness_and_the_step_sources(
@@ -49,6 +58,22 @@ def test_verdict_code_prefers_stamped_runs_with_the_most_runs() -> None:
     assert verdict_code(["a", "b", "b", UNSTAMPED, UNSTAMPED, UNSTAMPED]) == "b"
     assert verdict_code([UNSTAMPED]) == UNSTAMPED
     assert verdict_code([]) is None
+
+
+def test_replays_join_code_versions_into_classes_that_count_together(tmp_path: Path) -> None:
+    """b replayed a, c replayed b: one class {a, b, c}; d alone. The class with the most runs
+    wins (a+b+c: 4 against d: 3), named by its member with the most; a replay recorded
+    twice is kept once (the later record)."""
+    assert load_equivalences(tmp_path) == []
+    record_equivalence(tmp_path, {"code": "b", "same_as": "a", "runs": ["x"], "commit": "1"})
+    record_equivalence(tmp_path, {"code": "c", "same_as": "b", "runs": ["y"], "commit": "2"})
+    record_equivalence(tmp_path, {"code": "c", "same_as": "b", "runs": ["z"], "commit": "3"})
+    records = load_equivalences(tmp_path)
+    assert [(r["code"], r["runs"]) for r in records] == [("b", ["x"]), ("c", ["z"])]
+    classes = code_classes(records)
+    assert classes["a"] == classes["c"] == {"a", "b", "c"} and "d" not in classes
+    codes = ["a", "b", "b", "c", "d", "d", "d"]
+    assert verdict_code(codes) == "d" and verdict_code(codes, classes) == "b"
 
 
 def test_every_step_source_exists() -> None:

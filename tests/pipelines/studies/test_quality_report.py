@@ -75,6 +75,23 @@ def test_tables_use_one_code_version_and_say_which() -> None:
     assert legacy.code == "unstamped" and "before runs recorded their code" in legacy.provenance()
 
 
+def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() -> None:
+    """With `ccc` recorded as replaying `aaa` bit for bit, their runs count as one version's
+    (3 runs beat `bbb`'s 2); a key run at both is taken from the version named; `bbb` stays
+    out."""
+    runs = [_log("adams", 4.0, 0, code="aaa"), _log("adams", 3.0, 1, code="aaa"),
+            _log("adams", 4.0, 0, code="ccc"), _log("adams", 2.0, 2, code="ccc"),
+            _log("adams", 9.0, 0, code="bbb"), _log("adams", 9.0, 1, code="bbb")]  # fmt: skip
+    same = [{"code": "ccc", "same_as": "aaa", "runs": ["r1", "r2"], "commit": "c0ffee1234567"}]
+    index = RunIndex(runs, equivalences=same)
+    assert index.code == "aaa" and index.codes == {"aaa", "ccc"}
+    assert sorted(k.seed for k in index.runs) == [0, 1, 2] and index.left_out == {"bbb": 2}
+    assert index.commits == ["c-aaa", "c-ccc"]
+    text = index.provenance()
+    assert "`ccc` (commit c0ffee1234) replayed 2 runs of `aaa`" in text and "2 of `bbb`" in text
+    assert RunIndex(runs).codes == {"aaa"} and len(RunIndex(runs).runs) == 2  # no replay: apart
+
+
 def test_costs_at_the_paper_shape() -> None:
     n, w = 1_800_000_000, 32
     dense = reading_cost(VariantSpec(method="adams"), n, w)
