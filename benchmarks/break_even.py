@@ -11,7 +11,6 @@ are written into the JSON); the x3.26 contour is the abstract's Llama-1.8B claim
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -21,6 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import cli
 from benchmarks.projection import PAPER, Assumptions, calibrated, project_model
 
 __all__ = ["break_even_bandwidth", "grid", "main", "needed_ratio", "ratio_curve"]
@@ -231,7 +231,7 @@ def markdown(summary: dict, cells: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, timing=False)
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
     d = args.bench_dir

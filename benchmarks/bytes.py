@@ -11,8 +11,6 @@ masks' cost). Nothing is timed. Writes ``results/bench/bytes.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
 import sys
@@ -20,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import paper, quiet
+from benchmarks.harness import cli, paper, quiet
 from benchmarks.harness.bytecount import bytecount_worker
 from benchmarks.harness.launch import launch_ranks
 from scape.comm import step_bytes_per_rank
@@ -91,15 +89,12 @@ def paper_scale_bytes(n_params: int, world_size: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, Path("results/bench/bytes.json"))
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="measured steps per method")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out (SCAPE's dense one)")
-    parser.add_argument("--out", type=Path, default=Path("results/bench/bytes.json"))
-    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
-    protocol = quiet.protocol_from_args(args)
-    quiet.require_quiet("bench-bytes", protocol.allow_busy)
+    cli.start("bench-bytes", args)
     load_before = quiet.load_average()
     spec = {"model": MODEL, "bucket_size": BUCKET_SIZE, "methods": MEASURED_METHODS,
             "warmup": args.warmup, "rounds": args.rounds}  # fmt: skip
@@ -118,13 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         "quiet": {"load_before": load_before, "load_after": quiet.load_average(),
                   "note": "counts only: not re-run under load"},
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
     for name, m in measured["methods"].items():
         check = {True: "  = formula", False: "  != formula"}.get(m.get("matches_formula"), "")
         print(f"  {name:14s} {m['total'] / 1e3:9.1f} kB/rank/step  dense/this "
               f"{m['dense_over_this']:6.1f}  this/values {m['this_over_value_limit']:.2f}{check}")  # fmt: skip
-    print(f"wrote {args.out}")
+    cli.write_json(args.out, report)
     return 0 if all(m.get("matches_formula", True) for m in measured["methods"].values()) else 1
 
 

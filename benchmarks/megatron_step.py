@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import fnmatch
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -31,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import quiet
-from benchmarks.harness.launch import LaunchError, error_summary, launch_ranks
-from benchmarks.harness.netns import Cluster, LinkSpec, ready_or_skip
+from benchmarks.harness import cli, quiet
+from benchmarks.harness.launch import LAUNCH_ERRORS, error_summary, launch_ranks
+from benchmarks.harness.netns import Cluster, LinkSpec
 from benchmarks.harness.records import Call, MethodSteps, Point, Round, Sweep, from_json, to_json
 from benchmarks.harness.step import (
     forward_backward,
@@ -45,7 +44,6 @@ from benchmarks.harness.step import (
 
 __all__ = ["BENCH_MODEL", "DENSE", "PARTS", "SWEEP_METHODS", "main", "predict", "sweep_points"]
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCH_MODEL = ["model=tiny_llama", "scale=tiny", "model.name=bench_llama", "model.num_layers=4",
                "model.hidden_size=384", "model.num_attention_heads=6",
                "model.ffn_hidden_size=1024", "model.seq_length=16", "train.micro_batch_size=1",
@@ -152,7 +150,7 @@ def run_round(rnd: dict[str, Any], methods: list[dict[str, Any]], args: argparse
         # forward and backward of a dense method (what the overlap hides behind)
         ref = next((n for n in fwd_bwd if record.methods[n].optimizer != "scape"), None)
         record.forward_s, record.backward_s = fwd_bwd[ref or next(iter(fwd_bwd))]
-    except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
+    except LAUNCH_ERRORS as err:
         record.error = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record.error}", flush=True)
     record.seconds = time.perf_counter() - start
@@ -222,12 +220,11 @@ def parts(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None
     record = quiet.run_round(f"floor parts w{w}", measure, protocol)
     doc = {"bench": "floor_parts", "world_size": w, "steps": args.steps, "warmup": args.warmup,
            "started_at": started, "protocol": protocol.to_dict(), **record}  # fmt: skip
-    args.out.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {args.out}")
+    cli.write_json(args.out, doc)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, cluster=True)
     parser.add_argument("--parts", action="store_true",
                         help="the floor by part under the profiler (make bench-floor-parts)")  # fmt: skip
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="rank counts")
@@ -236,31 +233,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps per method left out")
     parser.add_argument("--budget-min", type=float, default=60.0,
                         help="start no round or re-run after this many minutes")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
-    parser.add_argument("--loopback", action="store_true",
-                        help="no namespaces or shaping (functional checks; not a speed measure)")  # fmt: skip
     parser.add_argument("--methods", nargs="+", default=None,
                         help=f"shell patterns over {', '.join(SWEEP_METHODS)}")  # fmt: skip
     parser.add_argument("--model-overrides", nargs="+", default=[],
                         help="pretrain overrides added to every method (functional checks)")  # fmt: skip
-    parser.add_argument("--data-root", type=Path, default=ROOT / "data")
     parser.add_argument("--out", type=Path, default=None)
-    quiet.add_arguments(parser)
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error(f"--steps {args.steps} and --warmup {args.warmup} must be >= 1 "
                      "(SCAPE's first step is its dense warm-up)")  # fmt: skip
     if any(w < 2 for w in args.worlds):
         parser.error(f"--worlds {args.worlds}: every rank count must be >= 2")
-    protocol = quiet.protocol_from_args(args)
     name = "floor_parts" if args.parts else "megatron_step"
-    args.out = args.out or ROOT / "results" / "bench" / f"{name}.json"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.data_root = args.data_root.resolve()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # teardown runs on a killed make
-    if not (args.parts or args.loopback or ready_or_skip(f"bench-step ({name})", args.out)):
+    args.out = args.out or cli.ROOT / "results" / "bench" / f"{name}.json"
+    protocol = cli.start(f"bench-step ({name})", args, cluster=not (args.parts or args.loopback))
+    if protocol is None:
         return 0
-    quiet.require_quiet(f"benchmarks.megatron_step ({name})", protocol.allow_busy)
     with tempfile.TemporaryDirectory(prefix="scape-step-bench-") as tmp:
         prepare_data(methods_for(args.worlds[0], args.data_root, Path(tmp), args.model_overrides))
         (parts if args.parts else sweep)(args, protocol, Path(tmp))

@@ -11,8 +11,6 @@ all W*S entries that replaces the parameter all-gather); dense ZeRO-1's are Mega
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import quiet
+from benchmarks.harness import cli, quiet
 from benchmarks.harness.paper import PAPER_MODELS, SCAPE_STEP
 from scape.adams import adams_update_
 from scape.basis import ShardBasis
@@ -113,15 +111,12 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, Path("results/bench/overhead.json"))
     parser.add_argument("--world-size", type=int, default=32)
     parser.add_argument("--bucket", type=int, default=40_000_000, help="elements per bucket")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("results/bench/overhead.json"))
-    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
-    protocol = quiet.protocol_from_args(args)
-    quiet.require_quiet("bench-overhead", protocol.allow_busy)
+    protocol = cli.start("bench-overhead", args)
     torch.set_num_threads(1)
     from scape.megatron.models import SHAPES, count_params
 
@@ -150,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" per bucket (x{m['scape_over_dense_total']:.2f})", flush=True)  # fmt: skip
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (1 thread)"
         report["devices"][device.type] = {"name": name, **per_sparsity}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    cli.write_json(args.out, report)
     return 0
 
 

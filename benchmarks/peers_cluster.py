@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -22,15 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import quiet
-from benchmarks.harness.launch import LaunchError, error_summary, launch_ranks
-from benchmarks.harness.netns import Cluster, LinkSpec, ready_or_skip
+from benchmarks.harness import cli, quiet
+from benchmarks.harness.launch import LAUNCH_ERRORS, error_summary, launch_ranks
+from benchmarks.harness.netns import Cluster, LinkSpec
 from benchmarks.harness.step import prepare_data, step_worker
 from benchmarks.harness.step import summarize as summarize_steps
 
 __all__ = ["EXPERIMENT", "REFERENCE", "default_methods", "main", "overrides_for", "summarize"]
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "peers_gpt345m_owt"
 REFERENCE = "adams"  # dense AdamS: the method every other one is compared to
 
@@ -39,7 +37,7 @@ def default_methods() -> list[str]:
     """The optimizers the peers experiment sweeps (its ``sweep`` list)."""
     from omegaconf import OmegaConf
 
-    return list(OmegaConf.load(ROOT / "conf" / "experiment" / f"{EXPERIMENT}.yaml")["sweep"])
+    return list(OmegaConf.load(cli.ROOT / "conf" / "experiment" / f"{EXPERIMENT}.yaml")["sweep"])
 
 
 def overrides_for(method: str, *, warmup: int, world: int, output_root: Path,
@@ -96,13 +94,13 @@ def run_one(method: str, repeat: int, args: argparse.Namespace, tmp: Path, attem
         record.update(step_time_s=m.step_s, step_time_s_all=m.step_s_all,
                       bytes_per_rank_step=sum(m.bytes_per_rank.values()),
                       bytes_by_kind=m.bytes_per_rank, loss_last=m.loss_last)  # fmt: skip
-    except (LaunchError, OSError, ValueError, KeyError, json.JSONDecodeError) as err:
+    except LAUNCH_ERRORS as err:
         record["error"] = error_summary(err, out_dir, args.ranks)
     return {**record, "seconds": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, Path("results/peers/cluster.json"), cluster=True)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rate-mbit", type=float, default=1000)
     parser.add_argument("--steps", type=int, default=30, help="steps per run, --skip left out")
@@ -110,23 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=5, help="1-bit Adam's freeze step")
     parser.add_argument("--skip", type=int, default=None, help="default: --warmup-steps + 2")
     parser.add_argument("--methods", nargs="+", default=None, help=f"default: {EXPERIMENT}'s sweep")
-    parser.add_argument("--loopback", action="store_true", help="no namespaces and no shaping")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    parser.add_argument("--data-root", type=Path, default=ROOT / "data")
-    parser.add_argument("--out", type=Path, default=Path("results/peers/cluster.json"))
-    quiet.add_arguments(parser)
-    args = parser.parse_args(argv)  # fmt: skip
-    protocol = quiet.protocol_from_args(args)
+    args = parser.parse_args(argv)
     args.skip = args.warmup_steps + 2 if args.skip is None else args.skip
     if not 0 < args.skip < args.steps:
         parser.error(f"--skip {args.skip}: leave out at least SCAPE's dense first step and keep "
                      f"one of --steps {args.steps}")  # fmt: skip
-    methods, args.data_root = args.methods or default_methods(), args.data_root.resolve()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # teardown runs on a killed make
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    if not args.loopback and not ready_or_skip("bench-peers-cluster", args.out):
+    methods = args.methods or default_methods()
+    if (protocol := cli.start("bench-peers-cluster", args, cluster=not args.loopback)) is None:
         return 0
-    quiet.require_quiet("bench-peers-cluster", protocol.allow_busy)
     link = None if args.loopback else LinkSpec(args.rate_mbit)
     doc: dict[str, Any] = {
         "bench": "peers_cluster", "experiment": EXPERIMENT, "world_size": args.ranks,
@@ -153,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 # written after every run: a sweep that is stopped keeps what it has
                 args.out.write_text(json.dumps({**doc, **summarize(doc["runs"])}, indent=1))
     doc.update(finished_at=quiet.utc_now(), **summarize(doc["runs"]))
-    args.out.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {args.out}")
+    cli.write_json(args.out, doc)
     return 0
 
 

@@ -11,14 +11,13 @@ method's value exchange hidden behind compute) as the two bounds.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.harness import paper
+from benchmarks.harness import cli, paper
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
 
 __all__ = ["SPARSITIES", "Assumptions", "calibrated", "comm_seconds", "gpu_calibration",
@@ -178,7 +177,7 @@ def optimizer_seconds(n_params: int, a: Assumptions, gpu_cal: dict | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, timing=False)
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
     a, cal = calibrated()
@@ -194,14 +193,12 @@ def main(argv: list[str] | None = None) -> int:
               "speedup_vs_tokens_per_gpu_no_overlap": sweep,
               "gpu_calibration": cal or "none: no results/gpu/gpu_check_*.json (no GPU run yet)",
               "optimizer_source": models["llama-1.8b"]["optimizer_source"]}  # fmt: skip
-    out = args.bench_dir / "projection.json"
-    out.write_text(json.dumps(report, indent=1))
     for m, p in models.items():
         s99, dense = p["scape"]["scape-99"], p["dense_step_s"]
         print(f"  {m:11s} dense {dense['no_overlap'] * 1e3:6.1f} ms  SCAPE-99 "
               f"{s99['step_s']['no_overlap'] * 1e3:6.1f} ms  x{s99['speedup_no_overlap']:.2f}"
               f"  (both fully overlapped: x{s99['speedup_full_overlap']:.2f})")  # fmt: skip
-    print(f"wrote {out}")
+    cli.write_json(args.bench_dir / "projection.json", report)
     return 0
 
 

@@ -6,13 +6,13 @@ the goals of issues 6 and 14); a section whose file is missing says how to make 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks.break_even import in_words
+from benchmarks.harness import cli
 from benchmarks.harness.paper import SCAPE_STEP
 from benchmarks.harness.records import Point, Sweep, load_sweep
 from benchmarks.megatron_step import PARTS
@@ -294,7 +294,7 @@ def render(bench_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__, timing=False)
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     out = parser.parse_args(argv).bench_dir / "README.md"
     out.write_text(render(out.parent))

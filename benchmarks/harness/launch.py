@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.harness.netns import Cluster
 from scape.spawn import find_free_port
 
-__all__ = ["LaunchError", "Worker", "error_summary", "launch_ranks", "main"]
+__all__ = ["LAUNCH_ERRORS", "LaunchError", "Worker", "error_summary", "launch_ranks", "main"]
 
 PORT_IN_NAMESPACE = 29511  # fresh namespaces: nothing else listens there
 Worker = Callable[[dict[str, Any], int, int], dict[str, Any]]  # (spec, rank, world) -> result
@@ -36,6 +36,9 @@ Worker = Callable[[dict[str, Any], int, int], dict[str, Any]]  # (spec, rank, wo
 
 class LaunchError(RuntimeError):
     pass
+
+
+LAUNCH_ERRORS = (LaunchError, OSError, ValueError, KeyError)  # a failed launch or its results
 
 
 def _tail(path: Path, lines: int = 30) -> str:

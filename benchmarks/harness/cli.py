@@ -1,0 +1,51 @@
+"""The entry points' shared command line: parser, start of a timing run, the JSON written."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import quiet
+from benchmarks.harness.netns import ready_or_skip
+
+__all__ = ["ROOT", "parser", "start", "write_json"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parser(doc: str, out: Path | None = None, *, timing: bool = True,
+           cluster: bool = False) -> argparse.ArgumentParser:  # fmt: skip
+    """Described by ``doc``'s first line; the quiet protocol's options when ``timing``, the
+    launch options when ``cluster``."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if out is not None:
+        p.add_argument("--out", type=Path, default=out)
+    if cluster:
+        p.add_argument("--loopback", action="store_true",
+                       help="no namespaces or shaping (functional checks; not a speed measure)")  # fmt: skip
+        p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+        p.add_argument("--data-root", type=lambda d: Path(d).resolve(), default=str(ROOT / "data"))
+    if timing:
+        quiet.add_arguments(p)
+    return p
+
+
+def start(bench: str, args: Any, *, cluster: bool = False) -> quiet.Protocol | None:
+    """The run's quiet protocol, after refusing to time beside busy work; None (the skip
+    record written to ``args.out``) when ``cluster`` is wanted and cannot be built."""
+    protocol = quiet.protocol_from_args(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # teardown runs on a killed make
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if cluster and not ready_or_skip(bench, args.out):
+        return None
+    quiet.require_quiet(bench, protocol.allow_busy)
+    return protocol
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path}")
