@@ -133,13 +133,20 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-replay quality-report $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-queue quality-replay quality-report $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study data_dir=$(QUALITY_DATA) report=false scale.steps=$(VERDICT_STEPS) \
 	  'only_models=[$*]' 'only_variants=[adams,adamw,scape90,scape99]' 'seeds=[0,1,2]' \
 	  'lr_scales=$(VERDICT_GRID)' close_grids=4 $(ARGS)
+
+# Every run the verdict still needs (issue 27), as ordered resumable batches (conf/quality_queue.yaml),
+# each run by 2 worker processes that split its runs; hours in all on 2 cores, run it in the
+# background and never beside a benchmark: `make quality-queue ARGS="'only=[bf16_1500]'"`.
+quality-queue: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
+	$(PY) -m pipelines.quality_queue data_dir=$(QUALITY_DATA) $(ARGS)
 
 # After a change to a file of the step's source (pipelines/studies/protocol.py, STEP_SOURCES):
 # replay one run per (model, method) of each older code version with today's code (minutes).

@@ -10,7 +10,10 @@
 Grid: models of the scale preset x variants x seeds (core variants with ``seeds``, the
 ablations with ``ablation_seeds``), core runs first so that an interrupted study has the
 main comparison. Each run is a W-worker simulation of a Megatron GPTModel
-(:mod:`pipelines.studies.quality_run`); finished runs are skipped on a rerun. The report
+(:mod:`pipelines.studies.quality_run`); finished runs are skipped on a rerun, and so are
+runs a replay-joined code version finished. Several processes may run one plan together
+(``make quality-queue`` starts two): each claims a run before running it
+(:mod:`pipelines.studies.claims`). The report
 (:mod:`pipelines.studies.quality_report`) is written from every finished run in ``out_dir``.
 """
 
@@ -28,7 +31,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.studies.protocol import code_version
+from pipelines.studies.claims import claim, wait_for_others
+from pipelines.studies.protocol import code_classes, code_version, load_equivalences
 from pipelines.studies.quality_config import QualityStudyConfig, RunSpec
 
 __all__ = ["plan_runs", "resolve", "run"]
@@ -63,8 +67,12 @@ def resolve(cfg: QualityStudyConfig | DictConfig) -> QualityStudyConfig:
     )
 
 
-def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
-    """Core variants for every seed first (seed by seed), then the ablations."""
+def plan_runs(
+    cfg: QualityStudyConfig, lr_of: Callable[[str, str], float | None] | None = None
+) -> list[RunSpec]:
+    """Core variants for every seed first (seed by seed), then the ablations. A variant with
+    ``lr_of`` runs at ``lr_of(model, that variant)`` (the lr the study chose for it), and not
+    at all while that is None (its grid not yet closed)."""
     models = [m for m in cfg.scale.models if not cfg.only_models or m.name in cfg.only_models]
     variants = {
         k: v for k, v in cfg.variants.items() if not cfg.only_variants or k in cfg.only_variants
@@ -76,7 +84,11 @@ def plan_runs(cfg: QualityStudyConfig) -> list[RunSpec]:
                 for name, variant in variants.items():
                     if variant.core != core:
                         continue
-                    for lr_scale in cfg.lr_scales:
+                    lrs = list(cfg.lr_scales)
+                    if variant.lr_of:
+                        chosen = lr_of(model.name, variant.lr_of) if lr_of else None
+                        lrs = [] if chosen is None else [chosen]
+                    for lr_scale in lrs:
                         plan.append(
                             RunSpec(model, name, variant, seed, cfg.scale, cfg.data_dir, lr_scale)
                         )
@@ -130,12 +142,7 @@ def replay_others(
     under ``out_dir/runs`` that no replay has joined to it yet (``only_models`` /
     ``only_variants`` narrow the set); record the two versions as one where every replay gives
     the same bits, and say where the first one differed otherwise."""
-    from pipelines.studies.protocol import (
-        UNSTAMPED,
-        code_classes,
-        load_equivalences,
-        record_equivalence,
-    )
+    from pipelines.studies.protocol import UNSTAMPED, record_equivalence
     from pipelines.studies.quality_report import load_runs, read_run
     from pipelines.studies.replay import differences, replay_set, spec_of
 
@@ -177,7 +184,11 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
 
     from pipelines.studies.quality_data import load_study_data
     from pipelines.studies.quality_report import write_report
-    from pipelines.studies.quality_run import init_megatron_single_process, train_run
+    from pipelines.studies.quality_run import (
+        completed_run,
+        init_megatron_single_process,
+        train_run,
+    )
 
     cfg = resolve(cfg)
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its dataset INFO lines drown ours
@@ -186,11 +197,37 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     out_dir = Path(cfg.out_dir)
     code = code_version(REPO)
     runs_dir = out_dir / "runs" / str(code["step_code"])
-    plan = [] if cfg.report_only or cfg.replay else plan_runs(cfg)
+
+    def chosen_lr(model: str, variant: str) -> float | None:
+        from pipelines.studies.quality_report import RunIndex
+
+        choice = RunIndex.load(out_dir, str(code["step_code"])).lr_choice(
+            model, variant, cfg.scale.steps
+        )
+        if choice is None or not choice.closed:
+            print(f"{model} {variant} at {cfg.scale.steps} steps: no closed lr grid yet, so "
+                  f"the variants run at its lr wait", flush=True)  # fmt: skip
+            return None
+        return choice.lr
+
+    plan = [] if cfg.report_only or cfg.replay else plan_runs(cfg, chosen_lr)
     data_cache: dict[tuple, Any] = {}  # per seed and scale shape
     val_cache: dict[Any, Any] = {}  # (curve batches, final batches) per curve subset size
 
+    def finished(spec: RunSpec) -> dict[str, Any] | None:
+        """The run's final record when this code version, or one a replay joined to it, has
+        finished it with these settings."""
+        current = str(code["step_code"])
+        joined = code_classes(load_equivalences(out_dir / "runs")).get(current, {current})
+        for version in sorted(joined, key=lambda c: c != current):
+            path = out_dir / "runs" / version / f"{spec.run_id}.jsonl"
+            if done := completed_run(path, spec.fingerprint()):
+                return done
+        return None
+
     def train(spec: RunSpec, label: str, into: Path = runs_dir) -> dict[str, Any]:
+        if into == runs_dir and (done := finished(spec)):
+            return done
         s = spec.scale
         shape = (spec.seed, s.seq_length, s.world_size, s.batch_per_worker, s.steps)
         if shape not in data_cache:
@@ -215,14 +252,21 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
 
     if cfg.replay:
         replay_others(cfg, out_dir, code, train)
-    for i, spec in enumerate(plan, 1):
-        train(spec, f"{i}/{len(plan)}")
+
+    def train_claimed(specs: list[RunSpec], label: str) -> None:
+        """Every run of ``specs`` no other worker holds; then wait for the ones they do."""
+        for i, spec in enumerate(specs, 1):
+            with claim(runs_dir, spec.run_id) as mine:
+                if mine:
+                    train(spec, f"{label}{i}/{len(specs)}")
+        wait_for_others(runs_dir, [s.run_id for s in specs])
+
+    train_claimed(plan, "")
     for extension in range(1, cfg.close_grids + 1):
         more = grid_extensions(cfg, plan, out_dir, str(code["step_code"]))
         if not more:
             break
-        for i, spec in enumerate(more, 1):
-            train(spec, f"closing grids, round {extension}: {i}/{len(more)}")
+        train_claimed(more, f"closing grids, round {extension}: ")
         plan += more
     if not cfg.report:
         return []

@@ -83,6 +83,10 @@ class VariantSpec:
     core: bool = False
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # legend / table text; the variant's key when empty
+    # Run at the lr the study chose for this other variant (same model and horizon, its grid
+    # closed) instead of the study's lr grid: a variant that changes one thing of another
+    # (the bf16 wire of SCAPE) is compared with it at its lr, paired by seed.
+    lr_of: str = ""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -65,9 +65,9 @@ def _without(record: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 def differences(stored: RunLog, replayed: RunLog) -> str | None:
     """None when ``replayed`` logged the same bits as ``stored`` (the header but its code
-    stamp, every step record, the final record but its wall time); else where it first
-    differs."""
-    if _without(stored.header, "code") != _without(replayed.header, "code"):
+    stamp and its echo of the settings, whose fingerprint it keeps; every step record; the
+    final record but its wall time); else where it first differs."""
+    if _without(stored.header, "code", "settings") != _without(replayed.header, "code", "settings"):
         return "the headers differ"
     for a, b in zip(stored.steps, replayed.steps, strict=False):
         if a != b:

@@ -32,8 +32,8 @@ def test_quick_folds_in_its_scale_variants_seeds_and_output(compose_study) -> No
 def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
     cfg = compose_study("seeds=[0,1]", "ablation_seeds=[5]", "only_models=[llama]")
     plan = plan_runs(cfg)
-    n_core = sum(v.core for v in cfg.variants.values())
-    n_abl = len(cfg.variants) - n_core
+    n_core = sum(v.core and not v.lr_of for v in cfg.variants.values())  # lr_of: none yet
+    n_abl = sum(not v.core for v in cfg.variants.values())
     assert len(plan) == 2 * n_core + n_abl
     assert [s.seed for s in plan] == [0] * n_core + [1] * n_core + [5] * n_abl
     assert all(s.variant.core for s in plan[: 2 * n_core])
@@ -45,6 +45,19 @@ def test_plan_runs_core_seeds_first_then_ablations(compose_study) -> None:
         "llama__adams__s0__t300__lr0.5",
         "llama__adams__s0__t300__lr2",
     ]
+
+
+def test_a_variant_with_lr_of_runs_at_the_other_variants_chosen_lr_or_waits(compose_study):
+    """The bf16 wire runs at the lr chosen for the fp32 wire (one run per seed), and not at all
+    while that lr is unknown; the other variants keep the grid."""
+    cfg = compose_study("seeds=[0,1]", "lr_scales=[0.5,1,2]", "only_models=[llama,gpt]",
+                        "only_variants=[scape90,scape90_bf16]")  # fmt: skip
+    chosen = {"llama": 0.5, "gpt": None}
+    plan = plan_runs(cfg, lambda model, variant: chosen[model] if variant == "scape90" else 9.0)
+    bf16 = [s.run_id for s in plan if s.variant_name == "scape90_bf16"]
+    assert bf16 == ["llama__scape90_bf16__s0__t300__lr0.5", "llama__scape90_bf16__s1__t300__lr0.5"]
+    assert sum(s.variant_name == "scape90" for s in plan) == 2 * 2 * 3
+    assert [s for s in plan_runs(cfg) if s.variant_name == "scape90_bf16"] == []
 
 
 def _finished(runs: Path, spec, loss: float) -> None:
