@@ -1,12 +1,8 @@
 """`make bench-break-even`: where SCAPE pays -- a break-even map against the paper's x3.26.
 
-    python -m benchmarks.break_even            # results/bench/break_even.{png,md,csv,json}
-
-The projected per-step speed-up of SCAPE-99 (and SCAPE-90) over dense AdamS for Llama-1.8B
-on 32 ranks, over per-rank link bandwidth (1-400 Gbit/s) x tokens per GPU per step
-(1k-32k), without and with overlap of the exchange behind compute. Every cell is
-:func:`benchmarks.projection.project_model` with that bandwidth and batch (its assumptions
-are written into the JSON); the x3.26 contour is the abstract's Llama-1.8B claim.
+The projected per-step speed-up of SCAPE-99 (and -90) over dense AdamS for Llama-1.8B on 32
+ranks, over per-rank link bandwidth x tokens per GPU per step, without and with overlap: every
+cell is :func:`benchmarks.projection.project_model` (``break_even.{png,md,csv,json}``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`make bench-bytes`: bytes on the wire per rank per step, by kind, for every method.
 
 ``measured``: W gloo ranks on loopback step a small Llama through Megatron's train step
-(:mod:`benchmarks.harness.bytecount`), dense AdamW/AdamS counted by a tap on Megatron's
-collectives, SCAPE-90/99 (fp32 and bf16 values) by SCAPE's own counter and checked against
-:func:`scape.comm.step_bytes_per_rank` for the run's buckets. ``paper_scale``: the same
-formulas for the paper's models at W=32 (:mod:`benchmarks.harness.paper`). Ratios:
-``dense_over_this`` (how many times fewer than dense) and ``this_over_value_limit`` (the
-masks' cost). Nothing is timed. Writes ``results/bench/bytes.json``.
+(:mod:`benchmarks.harness.bytecount`), SCAPE's counts checked against
+:func:`scape.comm.step_bytes_per_rank`; ``paper_scale``: the same formulas for the paper's
+models at W=32 (:mod:`benchmarks.harness.paper`). Nothing is timed.
 """
 
 from __future__ import annotations

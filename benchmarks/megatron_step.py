@@ -1,20 +1,11 @@
 """`make bench-step` / `make bench-floor-parts`: the pretrain stage's Megatron step on an emulated cluster.
 
-    python -m benchmarks.megatron_step            # the sweep: results/bench/megatron_step.json
-    python -m benchmarks.megatron_step --parts    # the floor by part: results/bench/floor_parts.json
-
-Each method is a pretrain-stage configuration stepped by the stage's own engine; the time is
-``engine.step``'s (the trainer's ``step_time``) at the slowest rank. One round per rank count
-x link rate (ranks in network namespaces behind ``tc tbf`` links), each a quiet-protocol
-round; in it each method runs in rank processes of its own: its launch on the links (then its
-collectives timed bare at its step's sizes), then its *floor* launch in PyTorch's fake
-process group (no transfer, no wait). The small model (4 layers, hidden 384, 16 tokens per
-rank per step) makes dense AdamS's exchange a large part of its step, as in the paper.
-
-Cost model (:func:`predict`): floor + each collective's exposed time at its bare timing; with
-Megatron's overlap the gradient sync hides behind backward up to (calls-1)/calls of it;
-SCAPE's mask all-gather, made a step ahead, hides behind the step's compute. ``--parts``: the
-floor under ``torch.profiler``, SCAPE's named spans as proportions (the profiler slows every op).
+One quiet-protocol round per rank count x link rate (ranks in network namespaces behind ``tc
+tbf`` links; ``megatron_step.json``). In it each method runs in rank processes of its own: the
+stage's ``engine.step`` at the slowest rank, its collectives timed bare at its step's sizes,
+then its *floor* launch in PyTorch's fake process group (no transfer, no wait). The small model
+makes dense AdamS's exchange a large part of its step, as in the paper. ``--parts``
+(``floor_parts.json``): the floor under ``torch.profiler``, SCAPE's spans as proportions.
 """
 
 from __future__ import annotations
@@ -30,17 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import cli, quiet
+from benchmarks.harness import cli, quiet, step
 from benchmarks.harness.launch import LAUNCH_ERRORS, error_summary, launch_ranks
 from benchmarks.harness.netns import Cluster, LinkSpec
 from benchmarks.harness.records import Call, MethodSteps, Point, Round, Sweep, from_json, to_json
-from benchmarks.harness.step import (
-    forward_backward,
-    prepare_data,
-    slowest_calls,
-    step_worker,
-    summarize,
-)
 
 __all__ = ["BENCH_MODEL", "DENSE", "PARTS", "SWEEP_METHODS", "main", "predict", "sweep_points"]
 
@@ -73,10 +57,11 @@ def methods_for(world: int, data_root: Path, output_root: Path, extra: list[str]
     return out
 
 
-# ---------------------------------------------------------------------------- summaries
 def predict(m: MethodSteps, floor_s: float, backward_s: float | None,
             calls: list[Call]) -> dict[str, float]:  # fmt: skip
-    """The cost model for one method in one round (seconds, by part; module docstring)."""
+    """The cost model (seconds, by part): floor + each collective's exposed time at its bare
+    timing; with Megatron's overlap the gradient sync hides behind backward up to (calls-1)/calls
+    of it; SCAPE's mask all-gather, made a step ahead, hides behind the step's compute."""
     seconds = {c.kind: c.seconds for c in calls}
     n = max(1, m.value_collectives)
     sync_call = seconds.get("values" if m.values_in_grad_sync else "grad_values", 0.0)
@@ -122,7 +107,6 @@ def sweep_points(rounds: dict[str, Round]) -> list[Point]:
     return points
 
 
-# ---------------------------------------------------------------------------- running
 def run_round(rnd: dict[str, Any], methods: list[dict[str, Any]], args: argparse.Namespace,
               tmp: Path, attempt: list[int]) -> dict[str, Any]:  # fmt: skip
     """One round: per method its launch on a fresh cluster, then its floor launch."""
@@ -138,15 +122,15 @@ def run_round(rnd: dict[str, Any], methods: list[dict[str, Any]], args: argparse
                 spec = {"methods": [m], "warmup": args.warmup, "steps": args.steps,
                         "time_calls": CALL_REPS, "cache_dir": str(tmp / "dataset_cache")}  # fmt: skip
                 launch_dir = out_dir / m["name"]
-                res = launch_ranks(step_worker, spec, launch_dir, world_size=w, cluster=cluster,
-                                   timeout_s=args.timeout)  # fmt: skip
-                record.methods.update(summarize(res))
-                record.calls.update(slowest_calls(res))
+                res = launch_ranks(step.step_worker, spec, launch_dir, world_size=w,
+                                   cluster=cluster, timeout_s=args.timeout)  # fmt: skip
+                record.methods.update(step.summarize(res))
+                record.calls.update(step.slowest_calls(res))
                 launch_dir = out_dir / f"{m['name']}-floor"
-                res = launch_ranks(step_worker, {**spec, "time_calls": None}, launch_dir,
+                res = launch_ranks(step.step_worker, {**spec, "time_calls": None}, launch_dir,
                                    world_size=w, group="fake", timeout_s=args.timeout)  # fmt: skip
-                record.floors.update(summarize(res))
-                fwd_bwd[m["name"]] = forward_backward(res)
+                record.floors.update(step.summarize(res))
+                fwd_bwd[m["name"]] = step.forward_backward(res)
         # forward and backward of a dense method (what the overlap hides behind)
         ref = next((n for n in fwd_bwd if record.methods[n].optimizer != "scape"), None)
         record.forward_s, record.backward_s = fwd_bwd[ref or next(iter(fwd_bwd))]
@@ -208,9 +192,9 @@ def parts(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None
         for m in methods:
             spec = {"methods": [m], "warmup": args.warmup, "steps": args.steps,
                     "profile_parts": True, "cache_dir": str(tmp / "dataset_cache")}  # fmt: skip
-            res = launch_ranks(step_worker, spec, tmp / m["name"], world_size=w, group="fake",
-                               timeout_s=args.timeout)  # fmt: skip
-            e, (fwd, bwd) = summarize(res)[m["name"]], forward_backward(res)
+            res = launch_ranks(step.step_worker, spec, tmp / m["name"], world_size=w,
+                               group="fake", timeout_s=args.timeout)  # fmt: skip
+            e, (fwd, bwd) = step.summarize(res)[m["name"]], step.forward_backward(res)
             out[m["name"]] = {"step_s": e.step_s, "forward_s": fwd, "backward_s": bwd,
                               "parts_s": {k: statistics.fmean(r["parts"].get(k, 0.0) for r in res)
                                           for k in PARTS}, "n_params": e.n_params}  # fmt: skip
@@ -250,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     if protocol is None:
         return 0
     with tempfile.TemporaryDirectory(prefix="scape-step-bench-") as tmp:
-        prepare_data(methods_for(args.worlds[0], args.data_root, Path(tmp), args.model_overrides))
+        # every method trains on the same corpus
+        first = methods_for(args.worlds[0], args.data_root, Path(tmp), args.model_overrides)[0]
+        step.prepare_data(first["overrides"])
         (parts if args.parts else sweep)(args, protocol, Path(tmp))
     return 0
 

@@ -1,12 +1,9 @@
 """`make bench-overhead`: SCAPE's optimizer-side work per step against a dense AdamS step.
 
-One Megatron bucket as a rank sees it at Llama-1.8B scale (W=32, buckets of 40M: a shard of
-1.25M; every model has the same bucket shape, only the number differs), each part timed
-alternately with the dense parts, medians; per step = per bucket x buckets. On the CPU, and
-on a GPU when there is one. SCAPE's parts are :mod:`scape.shard`'s functions as the Megatron
-adapter calls them (select, accumulate, pack, commit, and the fused decode-decay-update of
-all W*S entries that replaces the parameter all-gather); dense ZeRO-1's are Megatron's
-(scale the W*S grads, AdamS on the S owned entries, copy them into the param buffer).
+One Megatron bucket as a rank sees it at Llama-1.8B scale (W=32, buckets of 40M), each part
+timed alternately with the dense parts, medians; per step = per bucket x buckets; on the CPU,
+and on a GPU when there is one. SCAPE's parts are :mod:`scape.shard`'s as the Megatron adapter
+calls them; dense ZeRO-1's are Megatron's (scale the W*S grads, AdamS on the S owned entries).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """`make bench-peers-cluster`: the pretrain stage's step time on an emulated cluster for every
 optimizer of the peers experiment (issue 8), ``results/peers/cluster.json``.
 
-Each run steps one optimizer of ``experiment=peers_gpt345m_owt scale=tiny`` with the stage's
-engine (:func:`benchmarks.harness.step.step_worker`; the trainer's ``step_time``) on a fresh
-emulated cluster, the first ``--skip`` steps left out (1-bit Adam freezes at the short
-``train.warmup_steps``). Methods run in an order rotated each repeat, each run a quiet-protocol
-round, each compared to dense AdamS of the *same* repeat. ``methods`` and ``link.label`` are
-what ``pipelines.studies.peers_report`` reads.
+Each run steps one optimizer with the stage's engine on a fresh cluster, the first ``--skip``
+steps left out (1-bit Adam freezes at the short ``train.warmup_steps``); methods in an order
+rotated each repeat, each run a quiet-protocol round compared to dense AdamS of the *same*
+repeat. ``methods`` and ``link.label`` are what ``pipelines.studies.peers_report`` reads.
 """
 
 from __future__ import annotations
@@ -126,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": protocol.to_dict(), "runs": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="scape-peers-bench-") as tmp:
-        prepare_data([{"overrides": overrides_for(methods[0], warmup=1, world=args.ranks,
-                                                  output_root=Path(tmp), data_root=args.data_root)}])  # fmt: skip
+        prepare_data(overrides_for(methods[0], warmup=1, world=args.ranks, output_root=Path(tmp),
+                                   data_root=args.data_root))  # fmt: skip
         for repeat in range(args.repeats):
             k = repeat % len(methods)
             for method in methods[k:] + methods[:k]:

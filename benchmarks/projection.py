@@ -1,12 +1,9 @@
 """`make bench-project`: the cost model projected to the paper's cluster, 32 GH200 nodes.
 
-Every input not measured here is an assumption (:class:`Assumptions`, written into
-``results/bench/projection.json``): NDR links with rings at ``link_efficiency`` of line rate
-and ``alpha_us`` per ring step; bytes from :mod:`benchmarks.harness.paper`; compute = 6 N T +
-12 L h s T FLOPs at ``peak_tflops`` x ``mfu``; optimizer work from the memory-traffic model;
-both calibrated by the GPU check's MFU and kernels when ``results/gpu/gpu_check_*.json`` has
-them (:func:`calibrated`); no overlap (every exchange after backward) and full overlap (each
-method's value exchange hidden behind compute) as the two bounds.
+Every input not measured here is an :class:`Assumptions` field (written into projection.json);
+bytes from :mod:`benchmarks.harness.paper`; compute = 6 N T + 12 L h s T FLOPs at peak x MFU;
+optimizer work from the memory-traffic model; both calibrated by the GPU check when
+``results/gpu/gpu_check_*.json`` has one; no overlap and full overlap as the two bounds.
 """
 
 from __future__ import annotations
@@ -55,21 +52,10 @@ def _flops(shape, tokens: int, n_params: int) -> float:
     return 6.0 * n_params * tokens + attention
 
 
-def compute_seconds(shape, tokens: int, a: Assumptions) -> float:
-    from scape.megatron.models import count_params
-
-    return _flops(shape, tokens, count_params(shape)) / (a.peak_tflops * 1e12 * a.mfu)
-
-
 def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
-    """The newest GPU check's numbers as calibration inputs, or None when there is none.
-
-    mfu: FLOPs of its dense GPT-345M steps (8 sequences, W=1) / (median step x peak).
-    kernels: per-step seconds of one rank of W=32 at Llama-1.8B (``buckets`` buckets) of
-    SCAPE's measured kernels (the owner's selection, accumulate + pack, commit, decode, the
-    rms update of every entry) per sparsity, and of the dense AdamS update of the rank's
-    shard.
-    """
+    """The newest GPU check's calibration, or None when there is none. mfu: FLOPs of its dense
+    GPT-345M steps (8 sequences, W=1) / (median step x peak); kernels: per-step seconds of one
+    rank of W=32 at Llama-1.8B (``buckets`` buckets), SCAPE's per sparsity and dense AdamS's."""
     from scape.megatron.models import SHAPES
 
     files = sorted(root.glob("gpu_check_*.json"))
@@ -122,7 +108,7 @@ def project_model(name: str, a: Assumptions, tokens: int | None = None,
     shape = SHAPES[name]
     n = count_params(shape)
     tokens = tokens or a.tokens_per_gpu
-    compute = compute_seconds(shape, tokens, a)
+    compute = _flops(shape, tokens, n) / (a.peak_tflops * 1e12 * a.mfu)
     opt = optimizer_seconds(n, a, gpu_cal)
     dense_comm = comm_seconds(n, None, a)
     dense_xfer = dense_comm["grad_sync"] + dense_comm["param_sync"]
@@ -150,29 +136,23 @@ def optimizer_seconds(n_params: int, a: Assumptions, gpu_cal: dict | None = None
     """Per-step optimizer-side seconds on the GPU: the GPU check's kernels (measured at
     Llama-1.8B, scaled by buckets) plus what they do not time (dense: the gradient scaling)
     from the memory-traffic model; without a GPU check, the memory-traffic model alone."""
-    w = a.world_size
+    w, bw = a.world_size, a.hbm_Bps * a.hbm_efficiency
     buckets = paper.megatron_buckets(n_params, w)
-    bw = a.hbm_Bps * a.hbm_efficiency
-    out: dict = {}
+    out: dict = {"source": f"GPU check kernels ({gpu_cal['gpu']}) + modeled remainder" if gpu_cal
+                 else f"modeled (memory traffic / ({a.hbm_Bps / 1e12:g} TB/s x {a.hbm_efficiency}))"}  # fmt: skip
     for label, sparsity in SPARSITIES.items():
-        selected = paper.scape_selected(buckets, w, sparsity)
+        selected = paper.selected_per_shard([b // w for b in buckets], sparsity)
         traffic = [
             paper.traffic_bytes(w, b // w, s) for b, s in zip(buckets, selected, strict=True)
         ]
-        if gpu_cal is not None:
+        if gpu_cal is None:
+            out[label] = sum(sum(t["scape"].values()) for t in traffic) / bw
+            out["dense"] = sum(sum(t["dense"].values()) for t in traffic) / bw
+        else:  # weight decay rides in the update's pass (step_bucket_): no traffic of its own
             scale = len(buckets) / gpu_cal["buckets"]
-            # weight decay rides in the update's pass (step_bucket_): no traffic of its own
             out[label] = scale * gpu_cal["kernels"][label]
             out["dense"] = scale * gpu_cal["kernels"]["dense"] + sum(
                 t["dense"]["scale"] for t in traffic) / bw  # fmt: skip
-        else:
-            out[label] = sum(sum(t["scape"].values()) for t in traffic) / bw
-            out["dense"] = sum(sum(t["dense"].values()) for t in traffic) / bw
-    if gpu_cal is not None:
-        out["source"] = f"GPU check kernels ({gpu_cal['gpu']}) + modeled remainder"
-    else:
-        out["source"] = (f"modeled (memory traffic / ({a.hbm_Bps / 1e12:g} TB/s x "
-                         f"{a.hbm_efficiency}))")  # fmt: skip
     return out
 
 
@@ -181,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-dir", type=Path, default=Path("results/bench"))
     args = parser.parse_args(argv)
     a, cal = calibrated()
-    models = {m: project_model(m, a, gpu_cal=cal)
-              for m in ("gpt-345m", "llama-500m", "llama-1.8b")}  # fmt: skip
+    models = {m: project_model(m, a, gpu_cal=cal) for m in paper.PAPER_MODELS}
     sweep = {
         m: {t: {lab: project_model(m, a, t, cal)["scape"][lab]["speedup_no_overlap"]
                 for lab in SPARSITIES}

@@ -1,7 +1,5 @@
 """`make bench-report` (the last step of `make bench`): ``results/bench/README.md`` from the JSON.
-
-Every figure it prints is read from one of the files beside the README (the targets are
-the goals of issues 6 and 14); a section whose file is missing says how to make it.
+Every figure is read from a file beside it; a section whose file is missing says how to make it.
 """
 
 from __future__ import annotations

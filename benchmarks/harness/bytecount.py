@@ -1,9 +1,6 @@
-"""The byte count of ``make bench-bytes``: every method through Megatron's train step.
-
-A small Llama on seeded byte tokens, each method in Megatron's DDP with the distributed
-optimizer. SCAPE reports its own ``ByteCounter``; Megatron's dense path has none, so
-:class:`CollectiveTap` counts the ring bytes of the collectives it calls: a measurement of the
-dense baseline, not a formula. Nothing is timed.
+"""The byte count of ``make bench-bytes``: every method through Megatron's train step. SCAPE
+reports its own ``ByteCounter``; Megatron's dense path has none, so :class:`CollectiveTap`
+counts the collectives it calls: a measurement of the dense baseline, not a formula.
 """
 
 from __future__ import annotations

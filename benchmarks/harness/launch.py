@@ -1,15 +1,10 @@
-"""Rank processes of the benchmarks: one launcher, one rank entry.
-
-:func:`launch_ranks` starts ``python -m benchmarks.harness.launch`` once per rank, inside its
-network namespace (``ip netns exec``; ``scape.spawn`` cannot start a rank *inside* one) or on
-loopback; :func:`main` is every rank's skeleton (spec, process group, worker, barrier,
-``rank<R>.json``). On a failure or timeout every rank's process group is killed and the error
-carries the log tail.
+"""Rank processes: :func:`launch_ranks` starts ``python -m benchmarks.harness.launch`` once per
+rank, inside its network namespace (``scape.spawn`` cannot start a rank *inside* one) or on
+loopback; :func:`main` is every rank's skeleton. A failure or timeout kills every rank.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
@@ -51,10 +46,8 @@ def _tail(path: Path, lines: int = 30) -> str:
 def launch_ranks(worker: Worker, spec: dict[str, Any], out_dir: Path, *, world_size: int,
                  cluster: Cluster | None = None, group: str = "gloo",
                  timeout_s: float = 600.0) -> list[dict[str, Any]]:  # fmt: skip
-    """Run ``worker(spec, rank, world)`` in one fresh process per rank; their results.
-
-    ``group``: ``gloo`` (over the cluster's links, else loopback) or ``fake`` (every data
-    collective returns at once, locally: :func:`install_fake_group`)."""
+    """Run ``worker(spec, rank, world)`` in one fresh process per rank; their results. ``group``:
+    ``gloo`` (over the cluster's links, else loopback) or ``fake`` (:func:`install_fake_group`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if cluster is not None:
         master, port, ifname = cluster.addrs[0], PORT_IN_NAMESPACE, cluster.ifname
@@ -71,23 +64,23 @@ def launch_ranks(worker: Worker, spec: dict[str, Any], out_dir: Path, *, world_s
     logs = [out_dir / f"rank{r}.log" for r in range(world_size)]
     try:
         for r in range(world_size):
-            argv = [sys.executable, "-m", __name__, "--spec", str(spec_path), "--rank", str(r)]
+            argv = [sys.executable, "-m", __name__, str(spec_path), str(r)]
             if cluster is not None:
                 argv = cluster.exec_argv(r, argv)
             with open(logs[r], "w") as log:
                 procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs):
-            if failed := [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]:
+        while True:
+            codes = [p.poll() for p in procs]
+            if failed := [r for r, c in enumerate(codes) if c not in (None, 0)]:
                 r = failed[0]
-                raise LaunchError(f"rank {r} exited with {procs[r].returncode}:\n{_tail(logs[r])}")
+                raise LaunchError(f"rank {r} exited with {codes[r]}:\n{_tail(logs[r])}")
+            if None not in codes:
+                break
             if time.monotonic() > deadline:
                 raise LaunchError(f"ranks still running after {timeout_s:.0f}s:\n{_tail(logs[0])}")
             time.sleep(0.2)
-        for r, p in enumerate(procs):
-            if p.returncode != 0:
-                raise LaunchError(f"rank {r} exited with {p.returncode}:\n{_tail(logs[r])}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -114,11 +107,9 @@ def error_summary(err: BaseException, out_dir: Path, world: int) -> str:
 
 
 def install_fake_group(rank: int, world: int, addr: str, port: int, timeout_s: float) -> None:
-    """The compute-only floor's process group: PyTorch's ``fake`` backend for every group
-    (data collectives return at once, locally), with ``barrier`` and ``all_gather_object``
-    made real through a TCPStore: set-up needs them (Megatron's dataset builder waits on a
-    barrier, SCAPE's optimizer gathers each rank's parameter groups), and a barrier before
-    every timed step keeps the ranks in step as collectives would."""
+    """The compute-only floor's process group: PyTorch's ``fake`` backend (data collectives
+    return at once), with ``barrier`` and ``all_gather_object`` made real through a TCPStore:
+    set-up needs them, and a barrier before every timed step keeps the ranks in step."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -149,16 +140,14 @@ def install_fake_group(rank: int, world: int, addr: str, port: int, timeout_s: f
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Every rank's skeleton (see the module docstring)."""
+    """One rank (``python -m benchmarks.harness.launch SPEC RANK``): process group, worker,
+    barrier, ``rank<RANK>.json``."""
     import torch
     import torch.distributed as dist
 
-    parser = argparse.ArgumentParser(description="one benchmark rank (started by launch_ranks)")
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--rank", type=int, required=True)
-    args = parser.parse_args(argv)
-    spec: dict[str, Any] = json.loads(Path(args.spec).read_text())
-    rank, world, timeout = args.rank, int(spec["world_size"]), float(spec["timeout_s"])
+    spec_path, rank = argv or sys.argv[1:]
+    spec: dict[str, Any] = json.loads(Path(spec_path).read_text())
+    rank, world, timeout = int(rank), int(spec["world_size"]), float(spec["timeout_s"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # Megatron and torch read these in places; keep them consistent with the rendezvous.
     os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),

@@ -2,9 +2,8 @@
 
     rank ns r:  eth0 (10.123.0.<r+1>/24)  <-- veth -->  switch ns: p<r>, attached to bridge br0
 
-Each veth is shaped with ``tc tbf`` on both ends (the node's upload and download: full duplex
-at ``rate``; no netem in this kernel, so no added delay). Names carry the creating pid, so
-:func:`remove_stale` can delete a killed run's leftovers.
+Each veth is shaped with ``tc tbf`` on both ends (full duplex at ``rate``; no netem in this
+kernel, so no added delay). Names carry the creating pid, for :func:`remove_stale`.
 """
 
 from __future__ import annotations

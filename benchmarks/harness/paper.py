@@ -1,8 +1,5 @@
-"""The paper's scale, by formula: Megatron's buckets, both methods' bytes, the optimizers' traffic.
-
-The communicators' ring accounting applied to Megatron's bucket rule at W ranks (SCAPE's side is
-:func:`scape.comm.step_bytes_per_rank`, which the counters are tested against);
-:func:`traffic_bytes`: the optimizer side's memory traffic per bucket (the projection's GPU time).
+"""The paper's scale, by formula: Megatron's buckets, both methods' bytes (the communicators'
+ring accounting, :func:`scape.comm.step_bytes_per_rank`), the optimizers' memory traffic.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, ring_bytes_per_rank, st
 from scape.config import ScapeConfig
 
 __all__ = ["PAPER_MODELS", "SCAPE_STEP", "dense_bytes", "megatron_buckets", "scape_bytes",
-           "scape_selected", "selected_per_shard", "totals", "traffic_bytes"]  # fmt: skip
+           "selected_per_shard", "totals", "traffic_bytes"]  # fmt: skip
 
 PAPER_MODELS = ("gpt-345m", "llama-500m", "llama-1.8b")
 SCAPE_STEP = "R6"  # the library's step these formulas and overhead.json's timings are for
@@ -37,11 +34,6 @@ def selected_per_shard(shards: list[int], sparsity: float) -> list[int]:
     return [selected_count(s, cfg.chunk, cfg.k) for s in shards]
 
 
-def scape_selected(buckets: list[int], world_size: int, sparsity: float) -> list[int]:
-    """Coefficients each shard of each bucket sends at ``sparsity``."""
-    return selected_per_shard([b // world_size for b in buckets], sparsity)
-
-
 def dense_bytes(n_params: int, world_size: int, value_nbytes: int = 2) -> dict[str, float]:
     """Dense ZeRO-1 per rank per step: the grad reduce-scatter and the param all-gather."""
     nbytes = sum(megatron_buckets(n_params, world_size)) * value_nbytes
@@ -51,7 +43,8 @@ def dense_bytes(n_params: int, world_size: int, value_nbytes: int = 2) -> dict[s
 
 def scape_bytes(n_params: int, world_size: int, sparsity: float, value_nbytes: int) -> dict:
     """SCAPE per rank in a sparse step (after the dense warm-up)."""
-    selected = scape_selected(megatron_buckets(n_params, world_size), world_size, sparsity)
+    shards = [b // world_size for b in megatron_buckets(n_params, world_size)]
+    selected = selected_per_shard(shards, sparsity)
     out = step_bytes_per_rank(selected, world_size, value_nbytes, masks=True)
     return {k: out[k] for k in (*VALUE_KINDS, MASKS)}
 

@@ -1,12 +1,9 @@
-"""The quiet-machine protocol every timing benchmark follows (timings on a shared machine are
-mostly other jobs' time).
-
-A timing entry point refuses to start beside a study, the tests or another benchmark
-(:func:`require_quiet`, unless ``--allow-busy``) and runs in rounds (:func:`run_round`): it
-waits for the 1-min load to settle, records the load, other processes' CPU (user-space, outside
-this process tree) and a host speed probe around each round, re-runs a disturbed round at most
-``retries`` times, then keeps it marked ``noisy``. The load *after* a round includes the
-benchmark's own ranks, so it is shown, not judged.
+"""The quiet-machine protocol of every timing benchmark (on a shared machine, timings are mostly
+other jobs' time): refuse to start beside a study, the tests or another benchmark
+(:func:`require_quiet`); per round (:func:`run_round`) wait for the load to settle, record the
+load, other processes' CPU and a host speed probe, re-run a disturbed round at most ``retries``
+times, then keep it marked ``noisy``. The load *after* a round includes our own ranks: shown,
+not judged.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The step sweep's records (``results/bench/megatron_step.json``) and their one (de)serializer.
-
-A :class:`Sweep` holds one :class:`Round` per rank count and link rate and the :class:`Point`
-figures derived from them; :func:`from_json` refuses a key the records do not have, so a
-file of another format fails loudly instead of half-read.
+"""The step sweep's records (``megatron_step.json``): a :class:`Sweep` of :class:`Round` per rank
+count and link rate, and the :class:`Point` figures derived from them; :func:`from_json` refuses
+a key they do not have, so a file of another format fails loudly instead of half-read.
 """
 
 from __future__ import annotations

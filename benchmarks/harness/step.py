@@ -1,9 +1,7 @@
-"""The pretrain stage's step timer: a rank worker (``make bench-step``, ``bench-peers-cluster``).
-
-Each method (pretrain overrides) gets the stage's own engine, lr schedule and data; the worker
-times ``engine.step`` (the trainer's ``step_time``) after a barrier. Over gloo, with ``time_calls``, it
-times the method's collectives bare at its
-step's sizes; in the ``fake`` group (the compute-only floor) it times forward and backward.
+"""The pretrain stage's step timer, a rank worker (``make bench-step``, ``bench-peers-cluster``):
+``engine.step`` of one method with the stage's own engine, lr schedule and data, after a barrier;
+over gloo also its collectives bare at its step's sizes, in the ``fake`` group (the compute-only
+floor) its forward and backward.
 """
 
 from __future__ import annotations
@@ -45,9 +43,9 @@ def time_collectives(calls: list[tuple[str, int]], reps: int) -> list[list[float
 
 
 def step_calls(info: dict[str, Any], counted: dict[str, float], world: int) -> list[dict]:
-    """One collective of each kind a method makes per step, at its size (tensor bytes), from
-    the ring bytes its engine counted: SCAPE's values all-reduce (booked half as gradient,
-    half as parameter values) and mask all-gather; dense's reduce-scatter and all-gather."""
+    """Each kind of collective a method makes per step at its tensor bytes, from the ring bytes
+    counted: SCAPE's values all-reduce (booked half as gradient, half as parameter values) and
+    mask all-gather; dense's reduce-scatter and all-gather."""
     if world <= 1:
         return []
     calls, whole = max(1, int(info["value_collectives"])), world / (world - 1)
@@ -78,21 +76,8 @@ def _fwd_bwd(engine, batches) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _method_info(cfg, ddp, world: int) -> dict[str, Any]:
-    scape = cfg.optimizer.scape if cfg.optimizer.name == "scape" else None
-    # Megatron's DDP has bucket groups; the peer baselines' torch DDP has none
-    buckets = sum(len(g.buckets) for g in getattr(ddp, "bucket_groups", []))
-    return {"label": cfg.optimizer.label, "optimizer": cfg.optimizer.name,
-            "model": cfg.model.name, "n_params": sum(p.numel() for p in ddp.module.parameters()),
-            "buckets": buckets, "overlap_grad_reduce": bool(cfg.train.overlap_grad_reduce),
-            "values_in_grad_sync": scape is not None,
-            "value_collectives": 1 if scape and scape.fuse_buckets else buckets,
-            "tokens_per_rank_step": cfg.train.global_batch_size // world * cfg.model.seq_length}  # fmt: skip
-
-
 def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """Time ``engine.step`` of the spec's one method (each method runs in rank processes of
-    its own); see the module docstring."""
+    """Time ``engine.step`` of the spec's one method (module docstring)."""
     from pipelines.training.config import compose
     from pipelines.training.data import load_training_data
     from pipelines.training.engine import build_engine
@@ -100,8 +85,16 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
     (method,) = spec["methods"]
     name, cfg, warmup, steps = method["name"], compose(method["overrides"]), spec["warmup"], spec["steps"]  # fmt: skip
-    engine = build_engine(cfg, world)
-    scheduler, info, t = _build_scheduler(engine.optimizer, cfg), _method_info(cfg, engine.ddp, world), cfg.train  # fmt: skip
+    engine, t = build_engine(cfg, world), cfg.train
+    scheduler, scape = _build_scheduler(engine.optimizer, cfg), cfg.optimizer.name == "scape"
+    # Megatron's DDP has bucket groups; the peer baselines' torch DDP has none
+    buckets = sum(len(g.buckets) for g in getattr(engine.ddp, "bucket_groups", []))
+    info = {"label": cfg.optimizer.label, "optimizer": cfg.optimizer.name, "model": cfg.model.name,
+            "n_params": sum(p.numel() for p in engine.ddp.module.parameters()),
+            "buckets": buckets, "overlap_grad_reduce": bool(t.overlap_grad_reduce),
+            "values_in_grad_sync": scape,
+            "value_collectives": 1 if scape and cfg.optimizer.scape.fuse_buckets else buckets,
+            "tokens_per_rank_step": t.global_batch_size // world * cfg.model.seq_length}  # fmt: skip
     data = load_training_data(engine.data_dir, seed=t.seed, seq_length=cfg.model.seq_length,
                               world_size=world, batch_per_rank=t.global_batch_size // world,
                               steps=warmup + steps, cache_dir=spec["cache_dir"])  # fmt: skip
@@ -137,26 +130,23 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return result
 
 
-def prepare_data(methods: list[dict[str, Any]]) -> None:
-    """Prepare the corpus the methods train on if it is not there yet (the prepare stage)."""
+def prepare_data(overrides: list[str]) -> None:
+    """Prepare the corpus a run of these overrides trains on, if it is not there yet."""
     from data_prep.config import PrepareConfig
-    from data_prep.dataset import prepared_dir
+    from data_prep.dataset import METADATA_FILE, prepared_dir
     from pipelines.prepare import run as prepare_run
     from pipelines.training.config import compose
 
-    cfg = compose(methods[0]["overrides"])  # every method trains on the same data
-    if not (
-        prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name) / "metadata.json"
-    ).is_file():
-        print(f"preparing {cfg.data.name} with {cfg.tokenizer.name} in {cfg.data_root}", flush=True)
-        prepare_run(
-            PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer, output_root=cfg.data_root)
-        )
+    cfg = compose(overrides)
+    if (prepared_dir(cfg.data_root, cfg.data.name, cfg.tokenizer.name) / METADATA_FILE).is_file():
+        return
+    print(f"preparing {cfg.data.name} with {cfg.tokenizer.name} in {cfg.data_root}", flush=True)
+    prepare_run(PrepareConfig(data=cfg.data, tokenizer=cfg.tokenizer, output_root=cfg.data_root))
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, MethodSteps]:
     """Per method of a launch: each measured step at its slowest rank, rank 0's counted bytes
-    (median per kind), the interfaces' sent bytes (ranks' mean, median over steps)."""
+    (median per kind)."""
     out = {}
     for name, info in results[0]["methods"].items():
         rows = [[r for r in res["steps"] if r["method"] == name and r["measured"]]
