@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import statistics
@@ -24,7 +25,7 @@ from typing import Any
 from benchmarks.harness import cli, quiet, step
 from benchmarks.harness.launch import LAUNCH_ERRORS, error_summary, launch_ranks
 from benchmarks.harness.netns import Cluster, LinkSpec
-from benchmarks.harness.records import Call, MethodSteps, Point, Round, Sweep, from_json, to_json
+from benchmarks.harness.records import Call, MethodSteps, Point, Round, Sweep, from_json
 
 __all__ = ["BENCH_MODEL", "DENSE", "PARTS", "SWEEP_METHODS", "main", "predict", "sweep_points"]
 
@@ -138,12 +139,12 @@ def run_round(rnd: dict[str, Any], methods: list[dict[str, Any]], args: argparse
         record.error = error_summary(err, launch_dir, w)
         print(f"   FAILED: {record.error}", flush=True)
     record.seconds = time.perf_counter() - start
-    return to_json(record)
+    return dataclasses.asdict(record)
 
 
 def _write(sweep: Sweep, out: Path) -> None:
     sweep.points = sweep_points({n: r for n, r in sweep.rounds.items() if r.error is None})
-    out.write_text(json.dumps(to_json(sweep), indent=1))
+    out.write_text(json.dumps(dataclasses.asdict(sweep), indent=1))
 
 
 def sweep(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from benchmarks.break_even import in_words
 from benchmarks.harness import cli
 from benchmarks.harness.paper import SCAPE_STEP
-from benchmarks.harness.records import Point, Sweep, load_sweep
+from benchmarks.harness.records import Point, Sweep, from_json
 from benchmarks.megatron_step import PARTS
 
 __all__ = ["TARGETS", "main", "render"]
@@ -275,7 +275,8 @@ def notes(sweep: Sweep | None, o: dict[str, Any] | None, proj: dict[str, Any] | 
 
 def render(bench_dir: Path) -> str:
     b, o, p, parts = (_load(bench_dir / f"{n}.json") for n in ("bytes", "overhead", "projection", "floor_parts"))  # fmt: skip
-    sweep = load_sweep(bench_dir / "megatron_step.json")
+    s = _load(bench_dir / "megatron_step.json")
+    sweep = None if s is None else from_json(Sweep, s)
     return "\n".join([
         "# Performance benchmarks (issues 6, 14)", "",
         "Rendered by `make bench-report` (the last step of `make bench`) from the JSON files beside "

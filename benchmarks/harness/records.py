@@ -6,15 +6,12 @@ a key they do not have, so a file of another format fails loudly instead of half
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-__all__ = ["Call", "MethodSteps", "Point", "Quiet", "Round", "Sweep", "from_json", "load_sweep",
-           "to_json"]  # fmt: skip
+__all__ = ["Call", "MethodSteps", "Point", "Quiet", "Round", "Sweep", "from_json"]
 
 
 @dataclass
@@ -151,20 +148,9 @@ def _quantile(xs: list[float], quarter: int) -> float:
     return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
 
 
-def to_json(record: Any) -> Any:
-    """A record (or a dict/list of them) as plain JSON values."""
-    if dataclasses.is_dataclass(record):
-        return {f.name: to_json(getattr(record, f.name)) for f in dataclasses.fields(record)}
-    if isinstance(record, dict):
-        return {k: to_json(v) for k, v in record.items()}
-    if isinstance(record, list | tuple):
-        return [to_json(v) for v in record]
-    return record
-
-
 def from_json(kind: Any, value: Any) -> Any:
-    """``value`` (plain JSON) as ``kind`` (a record class or a typed list/dict of them);
-    a key the record does not have is an error naming it."""
+    """``value`` (plain JSON; ``dataclasses.asdict`` of a record) as ``kind``, a record class or
+    a typed list/dict of them; a key the record does not have is an error naming it."""
     if dataclasses.is_dataclass(kind):
         hints = typing.get_type_hints(kind)
         names = {f.name for f in dataclasses.fields(kind)}
@@ -181,8 +167,3 @@ def from_json(kind: Any, value: Any) -> Any:
     if origin is dict:
         return {k: from_json(args[1], v) for k, v in value.items()}
     return value
-
-
-def load_sweep(path: Path) -> Sweep | None:
-    """The sweep at ``path``, or None when there is none."""
-    return from_json(Sweep, json.loads(path.read_text())) if path.is_file() else None

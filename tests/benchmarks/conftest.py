@@ -1,10 +1,11 @@
 """A step sweep on disk, for the reader of ``megatron_step.json`` (the report)."""
 
+import dataclasses
 import json
 
 import pytest
 
-from benchmarks.harness.records import Point, Sweep, to_json
+from benchmarks.harness.records import Point, Sweep
 
 
 def _point(method: str, step_s: float, floor_s: float, speedup: float | None = None,
@@ -32,6 +33,6 @@ def write_sweep():
 
     def write(bench_dir, points, **fields) -> None:
         doc = Sweep(points=points, **fields)
-        (bench_dir / "megatron_step.json").write_text(json.dumps(to_json(doc)))
+        (bench_dir / "megatron_step.json").write_text(json.dumps(dataclasses.asdict(doc)))
 
     return write

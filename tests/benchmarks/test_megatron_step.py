@@ -3,6 +3,7 @@ records' (de)serializer, the skip and busy records, and real runs of the pretrai
 engines -- a round in network namespaces (loopback without root) with each method's
 compute-only floor in PyTorch's fake process group, and the floor by part."""
 
+import dataclasses
 import json
 import math
 
@@ -11,7 +12,7 @@ import pytest
 from benchmarks import megatron_step as ms
 from benchmarks.harness import netns, quiet
 from benchmarks.harness.netns import skip_reason
-from benchmarks.harness.records import Call, MethodSteps, Quiet, Round, Sweep, from_json, to_json
+from benchmarks.harness.records import Call, MethodSteps, Quiet, Round, Sweep, from_json
 from benchmarks.harness.step import slowest_calls, step_calls, summarize
 
 # The machine may be shared (studies, other tests): these check function, not speed.
@@ -141,9 +142,9 @@ def test_records_round_trip_and_refuse_a_key_of_another_format():
     rnd = Round("w2-1gbit", 2, "1gbit", 1000.0, methods={"a": _m([0.1, 0.2])},
                 calls={"a": _calls(values=0.1)}, quiet=Quiet([{"attempt": 1}], 1, 2, 0, 3, 4, True))  # fmt: skip
     doc = Sweep(commit="abc", rounds={"w2-1gbit": rnd}, points=ms.sweep_points({"r": rnd}))
-    back = from_json(Sweep, json.loads(json.dumps(to_json(doc))))
+    back = from_json(Sweep, json.loads(json.dumps(dataclasses.asdict(doc))))
     assert back == doc and isinstance(back.rounds["w2-1gbit"].calls["a"][0], Call)
-    old = to_json(doc)
+    old = dataclasses.asdict(doc)
     old["rounds"]["w2-1gbit"]["fits"] = {}  # an older sweep's alpha-beta fits
     with pytest.raises(ValueError, match=r"Round: unknown keys \['fits'\]"):
         from_json(Sweep, old)
