@@ -322,6 +322,12 @@ def lr_table(
     return "\n".join(lines)
 
 
+def _gap_stats(index: RunIndex, model: str, variant: str, steps: int) -> tuple[float, ...] | None:
+    """Mean, min and max over seeds of the paired gap (finite ones), None when none."""
+    gaps = [g for g in gap_cell(index, model, variant, steps).gaps if math.isfinite(g)]
+    return (statistics.fmean(gaps), min(gaps), max(gaps)) if gaps else None
+
+
 def plot_gap_vs_steps(
     index: RunIndex,
     variants: list[str],
@@ -330,41 +336,55 @@ def plot_gap_vs_steps(
     horizons: list[int],
     path: Path,
     *,
-    lr_from: int | None = None,
+    sizes: list[str] | None = None,
 ) -> None:
-    """Paired gap to AdamS against steps (log axis), mean and min-max over seeds."""
+    """Paired gap to AdamS against steps (log axis), mean and min-max over seeds, one panel
+    per model; with two or more ``sizes`` (one family's models), a last panel of the gap
+    against parameters (log axis), one line per variant and horizon."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    params = {m: index.runs[next(k for k in index.runs if k.model == m)].header.get("params")
+              for m in sizes or []}  # fmt: skip
+    by_size = len(params) >= 2 and all(params.values())
+    panels = len(models) + by_size
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False)
+    lines: list[tuple[Any, str, list[float], list[tuple[float, ...]]]] = []
+    for ax, model in zip(axes[0], models, strict=False):
         for variant in variants:
-            if variant == REFERENCE:
-                continue
-            xs, mean, lo, hi = [], [], [], []
-            for steps in horizons:
-                gaps = gap_cell(index, model, variant, steps, lr_from=lr_from).gaps
-                gaps = [g for g in gaps if math.isfinite(g)]
-                if gaps:
-                    xs.append(steps)
-                    mean.append(statistics.fmean(gaps))
-                    lo.append(min(gaps))
-                    hi.append(max(gaps))
-            if not xs:
-                continue
-            style = "--" if "99" in variant else "-"
-            (line,) = ax.plot(xs, mean, style, marker="o", label=labels.get(variant, variant))
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
-        ax.axhline(0.0, color="black", lw=0.8)
-        for target in (1.0, 3.0):
-            ax.axhline(target, color="grey", lw=0.6, ls=":")
+            stats = [(h, _gap_stats(index, model, variant, h)) for h in horizons]
+            lines.append((ax, variant, [h for h, g in stats if g], [g for _, g in stats if g]))
         ax.set_xscale("log")
         ax.set_xticks(horizons, [str(h) for h in horizons])
         ax.set_xlabel("training steps (log)")
-        ax.set_ylabel("paired gap to dense AdamS (%)")
         ax.set_title(f"{model}: gap to AdamS, each at its best lr")
+    if by_size:
+        ax = axes[0][-1]
+        for variant in variants:
+            for steps in horizons:
+                stats = [(params[m], _gap_stats(index, m, variant, steps)) for m in params]
+                xs, gs = [x for x, g in stats if g], [g for _, g in stats if g]
+                if len(xs) >= 2:
+                    lines.append((ax, f"{variant}@{steps}", xs, gs))
+        ax.set_xscale("log")
+        ax.set_xlabel(f"parameters ({SIZE_FAMILY}, log)")
+        ax.set_title("gap to AdamS against model size, each at its best lr")
+    for ax, name, xs, gs in lines:
+        if not xs or name == REFERENCE:
+            continue
+        variant, _, steps = name.partition("@")
+        label = labels.get(variant, variant) + (f", {int(steps):,} steps" if steps else "")
+        style = "--" if "99" in variant else "-"
+        (line,) = ax.plot(xs, [g[0] for g in gs], style, marker="o", label=label)
+        ax.fill_between(xs, [g[1] for g in gs], [g[2] for g in gs], color=line.get_color(),
+                        alpha=0.12)  # fmt: skip
+    for ax in axes[0]:
+        ax.axhline(0.0, color="black", lw=0.8)
+        for target in (1.0, 3.0):
+            ax.axhline(target, color="grey", lw=0.6, ls=":")
+        ax.set_ylabel("paired gap to dense AdamS (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -454,6 +474,93 @@ def staleness_table(index: RunIndex, labels: dict[str, str]) -> str:
 
 
 VERDICT_MODELS = ("llama", "gpt")  # the two small models every finalist is run on
+WIRE_PAIRS = (("scape90", "scape90_bf16"), ("scape99", "scape99_bf16"))  # (fp32, bf16 wire)
+
+
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def wire_rows(index: RunIndex, models: list[str], steps: int) -> list[dict[str, Any]]:
+    """The bf16 wire against the fp32 wire at one horizon, per model and sparsity, paired by
+    seed at the bf16 runs' lr (the fp32 wire's chosen one, ``lr_of``): each wire's mean
+    final loss, the mean and sd of the per-seed difference bf16 - fp32 (nats), the fp32
+    wire's sd over seeds, ``within`` (|mean difference| <= that sd) and bytes per step."""
+    rows = []
+    for model in models:
+        for fp32, bf16 in WIRE_PAIRS:
+            lrs = sorted({k.lr_scale for k in index.runs
+                          if (k.model, k.variant, k.steps) == (model, bf16, steps)})  # fmt: skip
+            for lr in lrs:
+                seeds = [s for s in index.seeds(model, bf16, steps, lr)
+                         if RunKey(model, fp32, steps, lr, s) in index.runs]  # fmt: skip
+                if not seeds:
+                    continue
+                keys = {w: [RunKey(model, w, steps, lr, s) for s in seeds] for w in (fp32, bf16)}
+                loss = {w: [index.final(k) for k in ks] for w, ks in keys.items()}
+                diff = [b - a for a, b in zip(loss[fp32], loss[bf16], strict=True)]  # type: ignore[operator]
+                sd = _sd(loss[fp32])  # type: ignore[arg-type]
+                rows.append({
+                    "model": model, "variant": fp32, "lr": lr, "seeds": seeds,
+                    "fp32": statistics.fmean(loss[fp32]), "bf16": statistics.fmean(loss[bf16]),  # type: ignore[arg-type]
+                    "diff": statistics.fmean(diff), "diff_sd": _sd(diff), "fp32_sd": sd,
+                    "within": abs(statistics.fmean(diff)) <= sd,
+                    "bytes": {w: index.runs[ks[0]].steps[-1].get("bytes") for w, ks in keys.items()},
+                })  # fmt: skip
+    return rows
+
+
+def wire_table(rows: list[dict[str, Any]], labels: dict[str, str]) -> str:
+    head = ["model", "method", "lr x", "seeds", "fp32 wire: loss", "bf16 wire: loss",
+            "bf16 - fp32 (nats, paired)", "fp32's sd over seeds", "within the seeds' spread",
+            "bytes per rank per step, fp32 -> bf16"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        b = r["bytes"]
+        nbytes = "-" if None in b.values() else " -> ".join(f"{v:,.0f}" for v in b.values())
+        lines.append("| " + " | ".join([
+            r["model"], labels.get(r["variant"], r["variant"]), f"{r['lr']:g}",
+            str(len(r["seeds"])), f"{r['fp32']:.3f}", f"{r['bf16']:.3f}",
+            f"{r['diff']:+.4f} ± {r['diff_sd']:.4f}", f"{r['fp32_sd']:.4f}",
+            "yes" if r["within"] else "no", nbytes,
+        ]) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+SIZE_FAMILY = "llama"  # the family run at three sizes
+
+
+def _lr_text(cell: GapCell) -> str:
+    return "-" if cell.lr is None else f"{cell.lr:g}" + ("" if cell.closed else ", grid open")
+
+
+def size_models(index: RunIndex) -> list[str]:
+    """The :data:`SIZE_FAMILY` models of the index, smallest first."""
+    params = {r.model: r.header.get("params") or 0 for r in index.runs.values()
+              if r.header.get("family", SIZE_FAMILY) == SIZE_FAMILY}  # fmt: skip
+    return sorted(params, key=params.get)  # type: ignore[arg-type]
+
+
+def size_table(
+    index: RunIndex, variants: list[str], labels: dict[str, str], horizons: list[int]
+) -> str:
+    """Gap to dense AdamS against model size: per size and horizon, each variant's paired
+    gap (each at its lr chosen over the seeds) and the lrs chosen; only cells that were run."""
+    head = ["model", "parameters", "steps", "AdamS lr x",
+            *[f"{labels.get(v, v)}: gap (lr x)" for v in variants]]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for model in size_models(index):
+        for steps in horizons:
+            ref = gap_cell(index, model, REFERENCE, steps)
+            cells = [gap_cell(index, model, v, steps) for v in variants]
+            if ref.loss is None or not any(c.gaps for c in cells):
+                continue
+            row = [model, _params(index, model), f"{steps:,}", _lr_text(ref),
+                   *[f"{_fmt_gap(c.gaps)} ({_lr_text(c)})" if c.gaps else "-" for c in cells]]  # fmt: skip
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 VERDICT_METHODS = (("SCAPE-90", "scape90", "90%"), ("SCAPE-99", "scape99", "99%"))
 
 
@@ -496,10 +603,48 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
     return (
         " ".join(sentences)
         + f" Gaps in final validation loss to dense AdamS at {steps:,} steps, paired by seed, "
-        f"each method at the lr of its lowest mean final loss over the seeds; every arm "
-        f"clips at 1.0 (dense its reduced gradient, SCAPE its update q); runs of commit "
-        f"{commits} (code version `{index.code}`)."
+        f"each method at the lr of its lowest mean final loss over the seeds; {clipping(index)}; "
+        f"runs of commit {commits} (code version `{index.code}`)."
     )
+
+
+def clipping(index: RunIndex) -> str:
+    """The clipping policy the runs used, read from their settings."""
+    clips = sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
+                    for r in index.runs.values()} - {None})  # fmt: skip
+    at = " / ".join(f"{c:g}" for c in clips) or "an unrecorded norm"
+    return (f"every arm clips at a global norm of {at} (dense AdamS and AdamW their reduced "
+            f"gradient, SCAPE its update q, the norm read off the one synchronized buffer)")  # fmt: skip
+
+
+VERDICT_FINALISTS = ("adamw", "scape90", "scape99")  # with dense AdamS, the opening table's rows
+
+
+def finalists_text(
+    index: RunIndex, labels: dict[str, str], models: list[str], horizons: list[int]
+) -> str:
+    """The README's opening tables, every figure from ``index``: the finalists on the small
+    models at every horizon; the bf16 wire beside fp32 (where run); the gap against model
+    size (where two or more sizes were run)."""
+    parts = [
+        f"Finalists at one code version (`{index.code}`; commits "
+        f"{', '.join(c[:10] for c in index.commits) or 'unrecorded'}): final validation loss, "
+        f"paired gap to dense AdamS (mean ± sd over seeds) and the lr scale chosen by the "
+        f"lowest mean final loss over all seeds at that horizon; {clipping(index)}.",
+        "",
+        gap_table(index, [REFERENCE, *VERDICT_FINALISTS], labels, models, horizons),
+    ]
+    for steps in horizons:
+        rows = wire_rows(index, models, steps)
+        if rows:
+            within = sum(r["within"] for r in rows)
+            parts += ["", f"The bf16 wire at {steps:,} steps, at the fp32 wire's lr, paired by "
+                      f"seed: within the fp32 wire's seed spread in {within} of {len(rows)} "
+                      f"cells.", "", wire_table(rows, labels)]  # fmt: skip
+    if len(size_models(index)) >= 2:
+        parts += ["", f"Gap against model size ({SIZE_FAMILY}; `gap_vs_steps.png`, last panel):",
+                  "", size_table(index, ["scape90", "scape99"], labels, horizons)]  # fmt: skip
+    return "\n".join(parts)
 
 
 RECIPE_MIN_STEPS = 1500  # the shortest horizon whose lr ratio becomes the configs' rule
@@ -612,7 +757,8 @@ def write_report(
             gap_table(index, [REFERENCE, *final], labels, models, horizons),
             "",
         ]
-        plot_gap_vs_steps(index, final, labels, models, horizons, out_dir / "gap_vs_steps.png")
+        plot_gap_vs_steps(index, final, labels, [m for m in models if m in VERDICT_MODELS],
+                          horizons, out_dir / "gap_vs_steps.png", sizes=size_models(index))  # fmt: skip
     text += ["## Divergence", "", divergence_summary(index), ""]
     stale = staleness_table(index, labels)
     if stale:
@@ -632,6 +778,8 @@ def write_report(
     )
     for readme in (out_dir / "README.md", *verdict_readmes):
         update_block(readme, verdict)
+    update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),
+                 "finalists")  # fmt: skip
     write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]

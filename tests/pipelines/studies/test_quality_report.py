@@ -223,3 +223,60 @@ def test_divergence_summary_counts_what_the_runs_show():
     assert "1 had at least one step above that level and recovered." in text
     calm = divergence_summary(RunIndex([_log("adams", 4.0, 0)]))
     assert calm.startswith("0 of 1 runs diverged") and "No run had a step" in calm
+
+
+def _sized(model: str, params: int, variant: str, losses: dict[float, list[float]], steps=100):
+    runs = _grid(variant, model, losses, steps)
+    for run in runs:
+        run.header.update(params=params, family="llama")
+        run.header["settings"] = {"scale": {"clip_grad": 0.5}}
+        run.steps[-1]["bytes"] = 1000.0 if "bf16" not in variant else 600.0
+    return runs
+
+
+def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(tmp_path):
+    from pipelines.studies.quality_report import finalists_text, wire_rows, wire_table
+
+    runs = _sized("llama", 220_000, "adams", {0.5: [4.3, 4.3, 4.3], 1.0: [4.0, 4.1, 4.2],
+                                             2.0: [4.4, 4.4, 4.4]})  # fmt: skip
+    runs += _sized("llama", 220_000, "scape99", {0.5: [4.5, 4.5, 4.5], 1.0: [4.2, 4.3, 4.4],
+                                                 2.0: [4.6, 4.6, 4.6]})  # fmt: skip
+    runs += _sized("llama", 220_000, "scape99_bf16", {1.0: [4.25, 4.35, 4.45]})  # +0.05 each
+    runs += _sized("llama", 220_000, "scape90", {1.0: [4.1, 4.1, 4.1]})
+    runs += _sized("llama", 220_000, "scape90_bf16", {1.0: [4.3, 4.3, 4.3]})  # sd 0: outside
+    index = RunIndex(runs)
+    (r90, r99) = wire_rows(index, ["llama"], 100)
+    assert (r99["variant"], r99["lr"], r99["seeds"]) == ("scape99", 1.0, [0, 1, 2])
+    assert r99["diff"] == pytest.approx(0.05) and r99["fp32_sd"] == pytest.approx(0.1)
+    assert r99["within"] and not r90["within"] and r99["bytes"] == {"scape99": 1000.0,
+                                                                    "scape99_bf16": 600.0}  # fmt: skip
+    table = wire_table([r99], {"scape99": "SCAPE-99"})
+    assert (
+        "| llama | SCAPE-99 | 1 | 3 | 4.300 | 4.350 | +0.0500 ± 0.0000 | 0.1000 | yes | 1,000 -> 600 |"
+        in table
+    )
+    text = finalists_text(index, {}, ["llama"], [100])
+    assert "within the fp32 wire's seed spread in 1 of 2 cells" in text
+    assert "clips at a global norm of 0.5" in text and "Gap against model size" not in text
+
+
+def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
+    from pipelines.studies.quality_report import plot_gap_vs_steps, size_models, size_table
+
+    runs = []
+    for model, params, gap in (("llama320", 8_000_000, 0.4), ("llama", 220_000, 0.2),
+                               ("llama192", 2_000_000, 0.3)):  # fmt: skip
+        runs += _sized(model, params, "adams", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
+        runs += _sized(model, params, "scape99", {1.0: [4.0 + gap, 4.0 + gap]})
+    index = RunIndex(runs)
+    assert size_models(index) == ["llama", "llama192", "llama320"]
+    table = size_table(index, ["scape99"], {"scape99": "SCAPE-99"}, [100])
+    rows = table.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| llama", "| llama192", "| llama320"]
+    assert "| llama320 | 8.00M | 100 | 1 | +10.0 ± 0.0% (n=2) (1, grid open) |" in table
+    png = tmp_path / "gap.png"
+    plot_gap_vs_steps(index, ["scape99"], {}, ["llama"], [100], png, sizes=size_models(index))
+    assert png.stat().st_size > 0
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[1] > 1.8 * 6.5 * 100  # two panels wide
