@@ -28,15 +28,6 @@ VALUE_DTYPE = "bfloat16"  # on the wire, as the projection assumes
 LR, WD = 1e-4, 0.1
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
-
-
 def measure(world: int, shard: int, sparsity: float, repeats: int,
             device: torch.device) -> dict:  # fmt: skip
     """Median seconds of every SCAPE part and every dense part, for one bucket."""
@@ -74,31 +65,35 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
                      decay_factor=1.0 - LR * WD, update="rms", step=10, lr=LR,
                      beta=cfg.second_moment_beta, eps=1e-8)  # fmt: skip
 
+    def dense_update() -> None:
+        # As Megatron's distributed optimizer: shard grads -> fp32 main grads, the update,
+        # main params -> the model's param buffer (the all-gather then fills it in place).
+        adams_update_(main, exp_avg, grad[:shard].float(), step=10, lr=LR, beta1=0.9, beta2=0.95,
+                      eps=1e-8, weight_decay=WD)  # fmt: skip
+        params[:shard].copy_(main)
+
     parts: dict[str, Callable[[], object]] = {
         "scape.select": lambda: owner_mask(basis, moment[:shard]),
         "scape.accumulate": run_accumulate,
         "scape.pack": run_pack,
         "scape.commit": run_commit,
         "scape.step": run_step,
+        # DDP's in-place pre-scaling of all W*S grads (by 1 here: the same cost, and repeated
+        # calls do not drift the values towards denormals)
+        "dense.scale": lambda: grad.mul_(1.0),
+        "dense.update": dense_update,
     }
-    own = slice(0, shard)
-
-    def dense_update() -> None:
-        # As Megatron's distributed optimizer: shard grads -> fp32 main grads, the update,
-        # main params -> the model's param buffer (the all-gather then fills it in place).
-        adams_update_(main, exp_avg, grad[own].float(), step=10, lr=LR, beta1=0.9, beta2=0.95,
-                      eps=1e-8, weight_decay=WD)  # fmt: skip
-        params[own].copy_(main)
-
-    # DDP's in-place pre-scaling of all W*S grads (by 1 here: the same cost, and repeated
-    # calls do not drift the values towards denormals)
-    parts.update({"dense.scale": lambda: grad.mul_(1.0), "dense.update": dense_update})
     for fn in parts.values():  # warm-up, in step order
         fn()
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     times: dict[str, list[float]] = {p: [] for p in parts}
     for _ in range(repeats):  # alternate, so drift on a shared machine hits both alike
         for p, fn in parts.items():
-            times[p].append(_timed(fn, device))
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[p].append(time.perf_counter() - start)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     scape_total = sum(v for n_, v in med.items() if n_.startswith("scape."))
     dense_total = sum(v for n_, v in med.items() if n_.startswith("dense."))

@@ -15,6 +15,7 @@ from benchmarks.harness.netns import ready_or_skip
 __all__ = ["ROOT", "parser", "start", "write_json"]
 
 ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL_OPTIONS = ("max_load", "max_other_cores", "retries", "settle_s")
 
 
 def parser(doc: str, out: Path | None = None, *, timing: bool = True,
@@ -29,15 +30,26 @@ def parser(doc: str, out: Path | None = None, *, timing: bool = True,
                        help="no namespaces or shaping (functional checks; not a speed measure)")  # fmt: skip
         p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
         p.add_argument("--data-root", type=lambda d: Path(d).resolve(), default=str(ROOT / "data"))
-    if timing:
-        quiet.add_arguments(p)
+    if timing:  # the quiet protocol's: Protocol's fields
+        g = p.add_argument_group("quiet-machine protocol (benchmarks/harness/quiet.py)")
+        g.add_argument("--allow-busy", action="store_true",
+                       help="run beside studies/tests/benchmarks (disturbed rounds are marked noisy)")  # fmt: skip
+        for name in PROTOCOL_OPTIONS:
+            default = getattr(quiet.Protocol, name)
+            g.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
+                           help="default %(default)s")  # fmt: skip
     return p
 
 
 def start(bench: str, args: Any, *, cluster: bool = False) -> quiet.Protocol | None:
     """The run's quiet protocol, after refusing to time beside busy work; None (the skip
     record written to ``args.out``) when ``cluster`` is wanted and cannot be built."""
-    protocol = quiet.protocol_from_args(args)
+    if args.retries < 0 or args.max_load <= 0 or args.settle_s < 0:
+        raise SystemExit(f"quiet protocol: --retries {args.retries}, --max-load {args.max_load}, "
+                         f"--settle-s {args.settle_s}: need retries >= 0, max-load > 0, "
+                         "settle-s >= 0")  # fmt: skip
+    protocol = quiet.Protocol(allow_busy=args.allow_busy,
+                              **{k: getattr(args, k) for k in PROTOCOL_OPTIONS})  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # teardown runs on a killed make
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if cluster and not ready_or_skip(bench, args.out):

@@ -34,17 +34,14 @@ class LinkSpec:
     latency_ms: float = 20.0
 
     @property
-    def burst(self) -> int:
-        """At least veth's 64 KiB GSO super-packets twice, and a kernel tick at the rate (HZ>=100)."""
-        return max(128 * 1024, int(self.rate_mbit * 1e6 / 8 / 100))
-
-    @property
     def label(self) -> str:
         r = self.rate_mbit
         return f"{r / 1000:g}gbit" if r >= 1000 else f"{r:g}mbit"
 
     def tbf_args(self) -> list[str]:
-        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(self.burst),
+        # burst: at least veth's 64 KiB GSO super-packets twice, and a kernel tick at the rate
+        burst = max(128 * 1024, int(self.rate_mbit * 1e6 / 8 / 100))  # (HZ >= 100)
+        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(burst),
                 "latency", f"{self.latency_ms:g}ms"]  # fmt: skip
 
 
@@ -82,8 +79,8 @@ def remove_stale() -> list[str]:
 
 
 def ready_or_skip(bench: str, out: Path) -> bool:
-    """True when namespaces can be built (after removing a killed run's leftovers); else say
-    why, write ``{"skipped": why}`` to ``out`` (so reports can tell) and return False."""
+    """True when namespaces can be built (a killed run's leftovers removed); else False, with
+    why said and written to ``out`` as ``{"skipped": why}`` (so reports can tell)."""
     if reason := skip_reason():
         print(f"{bench} SKIPPED: {reason}")
         out.write_text(json.dumps({"skipped": reason}, indent=1))

@@ -8,7 +8,6 @@ not judged.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
@@ -19,9 +18,8 @@ from typing import Any
 
 from pipelines.training.provenance import git_version
 
-__all__ = ["BUSY_PATTERNS", "Protocol", "add_arguments", "busy_processes", "commit", "host",
-           "host_speed_ms", "load_average", "other_cpu_seconds", "protocol_from_args",
-           "require_quiet", "run_round", "utc_now"]  # fmt: skip
+__all__ = ["BUSY_PATTERNS", "Protocol", "busy_processes", "commit", "host", "host_speed_ms",
+           "load_average", "other_cpu_seconds", "require_quiet", "run_round", "utc_now"]  # fmt: skip
 
 PROC = Path("/proc")
 # Command lines that must not run beside a benchmark (a regex over the joined argv).
@@ -76,8 +74,8 @@ def _others() -> list[tuple[int, list[str]]]:
 
 
 def busy_processes(patterns: tuple[str, ...] = BUSY_PATTERNS) -> list[tuple[int, str]]:
-    """(pid, command line) of studies, pretraining, tests and benchmarks outside this
-    process's tree; stopped (SIGSTOP) and zombie processes use no CPU and do not count."""
+    """(pid, command line) of studies, tests and benchmarks outside our tree (BUSY_PATTERNS);
+    stopped (SIGSTOP) and zombie processes use no CPU and do not count."""
     regex = re.compile("|".join(patterns))
     return [(pid, cmd) for pid, f in _others() if f[0] not in ("T", "t", "Z", "X")
             and regex.search(cmd := _cmdline(pid))]  # fmt: skip
@@ -206,25 +204,3 @@ def commit() -> str | None:
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-
-
-PROTOCOL_OPTIONS = ("max_load", "max_other_cores", "retries", "settle_s")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The protocol's command-line options (:class:`Protocol`'s fields), the same everywhere."""
-    g = parser.add_argument_group("quiet-machine protocol (benchmarks/harness/quiet.py)")
-    g.add_argument("--allow-busy", action="store_true",
-                   help="run beside studies/tests/benchmarks (disturbed rounds are marked noisy)")  # fmt: skip
-    for name in PROTOCOL_OPTIONS:
-        default = getattr(Protocol, name)
-        g.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
-                       help="default %(default)s")  # fmt: skip
-
-
-def protocol_from_args(args: argparse.Namespace) -> Protocol:
-    if args.retries < 0 or args.max_load <= 0 or args.settle_s < 0:
-        raise SystemExit(f"quiet protocol: --retries {args.retries}, --max-load {args.max_load}, "
-                         f"--settle-s {args.settle_s}: need retries >= 0, max-load > 0, "
-                         "settle-s >= 0")  # fmt: skip
-    return Protocol(allow_busy=args.allow_busy, **{k: getattr(args, k) for k in PROTOCOL_OPTIONS})

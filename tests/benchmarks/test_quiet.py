@@ -1,7 +1,6 @@
 """The quiet-machine protocol: busy-process detection (real processes), other processes' CPU,
 and the re-run / noisy logic of a round (load readings injected)."""
 
-import argparse
 import contextlib
 import os
 import signal
@@ -12,7 +11,7 @@ import time
 import pytest
 import torch
 
-from benchmarks.harness import quiet
+from benchmarks.harness import cli, quiet
 from benchmarks.harness.quiet import Protocol, run_round
 
 
@@ -136,11 +135,10 @@ def test_settle_waits_for_the_load_to_drop():
     assert load == 1.4 and len(slept) == 2
 
 
-def test_protocol_arguments_and_bad_values():
-    parser = argparse.ArgumentParser()
-    quiet.add_arguments(parser)
-    p = quiet.protocol_from_args(parser.parse_args(["--retries", "1", "--allow-busy"]))
+def test_protocol_arguments_and_bad_values(tmp_path):
+    parser = cli.parser("x", tmp_path / "x.json")
+    p = cli.start("bench-x", parser.parse_args(["--retries", "1", "--allow-busy"]))
     assert p.retries == 1 and p.allow_busy and p.max_load == 1.5
     assert p.to_dict()["max_other_cores"] == 0.25
     with pytest.raises(SystemExit, match="--retries -1"):
-        quiet.protocol_from_args(parser.parse_args(["--retries", "-1"]))
+        cli.start("bench-x", parser.parse_args(["--retries", "-1"]))
