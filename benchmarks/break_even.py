@@ -64,10 +64,8 @@ def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
     for lo, hi in zip(row, row[1:], strict=False):
         if lo[key] >= target > hi[key]:
             f = (math.log(lo[key]) - math.log(target)) / (math.log(lo[key]) - math.log(hi[key]))
-            return math.exp(
-                math.log(lo["link_gbit"])
-                + f * (math.log(hi["link_gbit"]) - math.log(lo["link_gbit"]))
-            )
+            a, b = math.log(lo["link_gbit"]), math.log(hi["link_gbit"])
+            return math.exp(a + f * (b - a))
     return None
 
 

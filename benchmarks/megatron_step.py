@@ -46,8 +46,8 @@ CALL_REPS = 3
 
 def methods_for(world: int, data_root: Path, output_root: Path, extra: list[str] = (),
                 only: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Each method's name and full pretrain overrides at ``world`` ranks; ``extra`` go last,
-    ``only`` keeps the names matching one of its shell patterns."""
+    """Each method's name and pretrain overrides at ``world`` ranks (``extra`` last), those
+    matching a shell pattern of ``only``."""
     base = [*BENCH_MODEL, f"train.global_batch_size={world}", "cluster.nodes=1",
             f"cluster.ranks_per_node={world}", "wandb.mode=disabled", "progress=false",
             f"data_root={data_root}", f"output_root={output_root}"]  # fmt: skip
@@ -108,20 +108,17 @@ def sweep_points(rounds: dict[str, Round]) -> list[Point]:
     return points
 
 
-def run_round(rnd: dict[str, Any], methods: list[dict[str, Any]], args: argparse.Namespace,
-              tmp: Path, attempt: list[int]) -> dict[str, Any]:  # fmt: skip
-    """One round: per method its launch on a fresh cluster, then its floor launch."""
-    attempt[0] += 1
-    w, out_dir = rnd["world_size"], tmp / f"{rnd['name']}-try{attempt[0]}"
-    link = None if args.loopback else LinkSpec(rnd["rate_mbit"])
-    record = Round(rnd["name"], w, link.label if link else "loopback",
-                   link.rate_mbit if link else None)  # fmt: skip
+def run_round(name: str, w: int, rate: float, methods: list[dict[str, Any]],
+              args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """One round on a fresh cluster: per method its launch, then its floor launch."""
+    link = None if args.loopback else LinkSpec(rate)
+    record = Round(name, w, link.label if link else "loopback", link.rate_mbit if link else None)
     start, launch_dir, fwd_bwd = time.perf_counter(), out_dir, {}
     try:
         with Cluster(w, link) if link else contextlib.nullcontext() as cluster:
             for m in methods:
                 spec = {"methods": [m], "warmup": args.warmup, "steps": args.steps,
-                        "time_calls": CALL_REPS, "cache_dir": str(tmp / "dataset_cache")}  # fmt: skip
+                        "time_calls": CALL_REPS, "cache_dir": str(out_dir.parent / "dataset_cache")}  # fmt: skip
                 launch_dir = out_dir / m["name"]
                 res = launch_ranks(step.step_worker, spec, launch_dir, world_size=w,
                                    cluster=cluster, timeout_s=args.timeout)  # fmt: skip
@@ -166,9 +163,9 @@ def sweep(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None
               f"{'loopback' if args.loopback else LinkSpec(rate).label}, {len(methods)} methods "
               f"each in its own launches beside its floor, {args.warmup}+{args.steps} steps",
               flush=True)  # fmt: skip
-        rnd, attempt = {"name": name, "world_size": w, "rate_mbit": rate}, [0]
-        record = quiet.run_round(name, lambda r=rnd, m=methods, a=attempt: run_round(r, m, args, tmp, a),
-                                 protocol, deadline=deadline)  # fmt: skip
+        tries = iter(range(1, args.retries + 2))  # a re-run gets a fresh directory
+        record = quiet.run_round(name, lambda n=name, w=w, r=rate, m=methods, t=tries: run_round(
+            n, w, r, m, args, tmp / f"{n}-try{next(t)}"), protocol, deadline=deadline)  # fmt: skip
         doc.rounds[name] = from_json(Round, record)
         for m, e in doc.rounds[name].methods.items():
             floor = doc.rounds[name].floors.get(m)
@@ -182,8 +179,7 @@ def sweep(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None
 
 
 def parts(args: argparse.Namespace, protocol: quiet.Protocol, tmp: Path) -> None:
-    """Each method's floor launch under the profiler: step, forward, backward and SCAPE's
-    parts per step (ranks' mean), at ``--worlds``' first rank count."""
+    """Each method's floor launch under the profiler at ``--worlds``' first rank count."""
     w = args.worlds[0]
     methods = methods_for(w, args.data_root, tmp / "runs", args.model_overrides,
                           args.methods or ["dense-no-overlap", "scape-*"])  # fmt: skip

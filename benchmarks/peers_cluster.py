@@ -48,10 +48,8 @@ def overrides_for(method: str, *, warmup: int, world: int, output_root: Path,
 
 
 def summarize(runs: list[dict[str, Any]], reference: str = REFERENCE) -> dict[str, Any]:
-    """Per method over its runs that worked: the median of the per-run medians
-    (``step_time_s``), the median over repeats of its step over the reference's in the *same*
-    repeat (``step_ratio_vs_<reference>``: the host drifts between repeats), its bytes, and
-    every run's error."""
+    """Per method: the median of its runs' medians, the median of its step over the reference's
+    in the *same* repeat (the host drifts between repeats), its bytes, every run's error."""
     ok = [r for r in runs if r.get("step_time_s") is not None]
     ref = {r["repeat"]: r["step_time_s"] for r in ok if r["method"] == reference}
     methods: dict[str, Any] = {}

@@ -20,8 +20,7 @@ PROTOCOL_OPTIONS = ("max_load", "max_other_cores", "retries", "settle_s")
 
 def parser(doc: str, out: Path | None = None, *, timing: bool = True,
            cluster: bool = False) -> argparse.ArgumentParser:  # fmt: skip
-    """Described by ``doc``'s first line; the quiet protocol's options when ``timing``, the
-    launch options when ``cluster``."""
+    """Described by ``doc``'s first line; with the quiet protocol's and the launch options."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     if out is not None:
         p.add_argument("--out", type=Path, default=out)

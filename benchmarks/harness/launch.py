@@ -25,7 +25,6 @@ from scape.spawn import find_free_port
 
 __all__ = ["LAUNCH_ERRORS", "LaunchError", "Worker", "error_summary", "launch_ranks", "main"]
 
-PORT_IN_NAMESPACE = 29511  # fresh namespaces: nothing else listens there
 Worker = Callable[[dict[str, Any], int, int], dict[str, Any]]  # (spec, rank, world) -> result
 
 
@@ -50,7 +49,8 @@ def launch_ranks(worker: Worker, spec: dict[str, Any], out_dir: Path, *, world_s
     ``gloo`` (over the cluster's links, else loopback) or ``fake`` (:func:`install_fake_group`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if cluster is not None:
-        master, port, ifname = cluster.addrs[0], PORT_IN_NAMESPACE, cluster.ifname
+        # fresh namespaces: nothing else listens on a fixed port there
+        master, port, ifname = cluster.addrs[0], 29511, cluster.ifname
     else:
         master, port, ifname = "127.0.0.1", find_free_port(), "lo"
     spec = {**spec, "worker": f"{worker.__module__}:{worker.__qualname__}", "group": group,

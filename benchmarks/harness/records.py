@@ -141,7 +141,7 @@ class Sweep:
 
 
 def _quantile(xs: list[float], quarter: int) -> float:
-    """The 1st, 2nd (median) or 3rd quartile, inclusive method (as ``statistics``)."""
+    """A quartile, inclusive method (``statistics.quantiles`` wants two points in Python 3.11)."""
     s = sorted(xs)
     pos = (len(s) - 1) * quarter / 4
     lo = int(pos)

@@ -44,8 +44,8 @@ def time_collectives(calls: list[tuple[str, int]], reps: int) -> list[list[float
 
 def step_calls(info: dict[str, Any], counted: dict[str, float], world: int) -> list[dict]:
     """Each kind of collective a method makes per step at its tensor bytes, from the ring bytes
-    counted: SCAPE's values all-reduce (booked half as gradient, half as parameter values) and
-    mask all-gather; dense's reduce-scatter and all-gather."""
+    counted: SCAPE's values all-reduce (booked half gradient, half parameter values) and mask
+    all-gather; dense's reduce-scatter and all-gather."""
     if world <= 1:
         return []
     calls, whole = max(1, int(info["value_collectives"])), world / (world - 1)
