@@ -641,6 +641,18 @@ def finalists_text(
             parts += ["", f"The bf16 wire at {steps:,} steps, at the fp32 wire's lr, paired by "
                       f"seed: within the fp32 wire's seed spread in {within} of {len(rows)} "
                       f"cells.", "", wire_table(rows, labels)]  # fmt: skip
+    noise = []
+    for model in models:
+        for steps in horizons:
+            choice = index.lr_choice(model, REFERENCE, steps)
+            finals = [] if choice is None else [
+                index.final(RunKey(model, REFERENCE, steps, choice.lr, s)) for s in choice.seeds]  # fmt: skip
+            if len(finals) > 1 and all(math.isfinite(f) for f in finals):  # type: ignore[arg-type]
+                noise.append(f"{model} {steps:,}: {_sd(finals):.3f} nats "  # type: ignore[arg-type]
+                             f"({100 * _sd(finals) / statistics.fmean(finals):.1f}%)")  # type: ignore[arg-type]  # fmt: skip
+    if noise:
+        parts += ["", "Seed noise: dense AdamS's final loss varies over seeds (sd, at its chosen "
+                  "lr) by " + "; ".join(noise) + ". " + divergence_summary(index)]  # fmt: skip
     if len(size_models(index)) >= 2:
         parts += ["", f"Gap against model size ({SIZE_FAMILY}; `gap_vs_steps.png`, last panel):",
                   "", size_table(index, ["scape90", "scape99"], labels, horizons)]  # fmt: skip
