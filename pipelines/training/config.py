@@ -111,6 +111,9 @@ class DGCOptions:
     momentum: float = 0.9  # momentum correction; 0 turns it off
     value_dtype: str = "float32"
     local_rule: str = "adams"
+    # DGC's warm-up density schedule (scape.peers.dgc.DGCConfig): the density decays 25% ->
+    # 6.25% -> 1.56% -> 0.39% (never below the target) over this many steps; 0: off.
+    warmup_steps: int = 0
 
 
 @dataclass
@@ -348,6 +351,12 @@ def _validate_peer(cfg: PretrainConfig) -> None:
             _fail("optimizer.dgc.momentum", o.dgc.momentum, "must be in [0, 1)")
         if o.dgc.value_dtype not in ("float32", "bfloat16"):
             _fail("optimizer.dgc.value_dtype", o.dgc.value_dtype, "is not one of float32, bfloat16")
+        if not 0 <= o.dgc.warmup_steps <= cfg.train.train_steps:
+            _fail(
+                "optimizer.dgc.warmup_steps",
+                o.dgc.warmup_steps,
+                f"must be in [0, train.train_steps={cfg.train.train_steps}] (0: no warm-up)",
+            )
         rule = ("optimizer.dgc.local_rule", o.dgc.local_rule)
     else:
         if not 1 <= o.onebit.freeze_step <= cfg.train.train_steps:

@@ -64,8 +64,9 @@ def _build_hook(cfg: PretrainConfig, params: list[Tensor]):
         return CountedPowerSGD(conf, params=params)
     if o.name == "dgc":
         conf = DGCConfig.for_sparsity(
-            o.dgc.sparsity, momentum=o.dgc.momentum, value_dtype=o.dgc.value_dtype
-        )
+            o.dgc.sparsity, momentum=o.dgc.momentum, value_dtype=o.dgc.value_dtype,
+            warmup_steps=o.dgc.warmup_steps,
+        )  # fmt: skip
         return DGCHook(conf, params=params)
     return OneBitHook(OneBitConfig(freeze_step=o.onebit.freeze_step, beta1=o.beta1), params=params)
 

@@ -13,6 +13,8 @@ N, STEPS = 1000, 4
 SHAPES = [(30, 20), (20,), (10, 30)]  # bucket 0 holds the first two, bucket 1 the third
 LAYOUT = [[0, 1], [2]]
 MOMENTUM_CFG = DGCConfig(density=0.1, momentum=0.9)
+# Warm-up over 8 steps in 4 stages of 2: 25%, 6.25%, 1.5625%, then 0.39% < 1% gives the target.
+WARMUP_CFG = DGCConfig(density=0.01, momentum=0.9, warmup_steps=8)
 
 
 def _grad(rank, step, n=N):
@@ -77,6 +79,18 @@ def _suite(rank, world_size, group):
         + _run_steps(moved, params, rank, range(1, 3), layout=[[2, 1, 0]]),
     )
     out["ddp"] = _ddp(rank, group)
+    # The warm-up schedule: each step's bytes (both buckets), and the clock across a resume.
+    h = DGCHook(WARMUP_CFG, group, params=params)
+    per_step = []
+    for step in range(WARMUP_CFG.warmup_steps + 2):
+        before = h.counter.snapshot()
+        _run_steps(h, params, rank, [step])
+        per_step.append({k: v - before.get(k, 0.0) for k, v in h.counter.snapshot().items()})
+    restored = DGCHook(WARMUP_CFG, group, params=params)
+    restored.load_state_dict(weights_only_round_trip(h.state_dict()))
+    old_format = DGCHook(WARMUP_CFG, group, params=params)
+    old_format.load_state_dict({"buffers": h.state_dict()["buffers"]})
+    out["warmup"] = (per_step, h.step, restored.step, old_format.step)
     return out
 
 
@@ -236,3 +250,38 @@ def test_batched_rule_equals_the_hooks_per_bucket_rule_bit_for_bit(momentum):
             if momentum:
                 assert torch.equal(u.view(-1, n)[j], u_row)
                 assert torch.equal(u.view(-1, n)[j][got], torch.zeros(k))
+
+
+def test_warmup_density_schedule_decays_in_equal_stages_to_the_target():
+    assert [WARMUP_CFG.density_at(t) for t in range(10)] == [
+        0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625, 0.01, 0.01, 0.01, 0.01
+    ]  # fmt: skip
+    # Off by default: the constant density, whatever the step.
+    assert all(MOMENTUM_CFG.density_at(t) == 0.1 for t in (0, 1, 10**6))
+    # Never below the target: DGC-90's warm-up holds 25% for a quarter, then 10%.
+    dgc90 = DGCConfig.for_sparsity(0.9, warmup_steps=100)
+    assert [dgc90.density_at(t) for t in (0, 24, 25, 99, 100)] == [0.25, 0.25, 0.1, 0.1, 0.1]
+    # Steps that do not divide into the stages: stage = step * 4 // warmup_steps.
+    odd = DGCConfig(density=0.001, warmup_steps=5)
+    assert [odd.density_at(t) for t in range(6)] == [
+        0.25, 0.25, 0.0625, 0.015625, 0.00390625, 0.001
+    ]  # fmt: skip
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="warmup_steps"):
+            DGCConfig(density=0.01, warmup_steps=bad)
+    with pytest.raises(ValueError, match="warmup_densities"):
+        DGCConfig(density=0.01, warmup_steps=4, warmup_densities=(0.5, 0.0))
+
+
+def test_warmup_bytes_follow_the_schedule_and_the_clock_survives_a_resume(two):
+    sizes = [sum(torch.Size(SHAPES[i]).numel() for i in m) for m in LAYOUT]
+    want = []
+    for step in range(WARMUP_CFG.warmup_steps + 2):
+        per_bucket = [_bytes(n, WARMUP_CFG.density_at(step), 4) for n in sizes]
+        want.append({k: sum(b[k] for b in per_bucket) for k in (GRAD_VALUES, MASKS)})
+    for r in two:
+        per_step, step, restored, old_format = r["warmup"]
+        assert per_step == want
+        assert per_step[0][GRAD_VALUES] > per_step[2][GRAD_VALUES] > per_step[-1][GRAD_VALUES]
+        assert step == restored == WARMUP_CFG.warmup_steps + 2  # one tick per step, not bucket
+        assert old_format == 0  # a checkpoint from before the option starts the clock at 0
