@@ -258,7 +258,7 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     text = finalists_text(index, {}, ["llama"], [100])
     assert "within the fp32 wire's seed spread in 1 of 2 cells" in text
     assert "clips at a global norm of 0.5" in text and "Gap against model size" not in text
-    assert "lr) by llama 100: 0.100 nats (2.4%). 0 of 15 runs diverged" in text
+    assert "lr) by llama 100: 0.100 nats (2.4%). 0 of 27 runs diverged" in text
 
 
 def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
