@@ -71,8 +71,7 @@ def break_even_bandwidth(cells: list[dict], key: str, tokens: int,
 
 def ratio_curve(a: Assumptions, cal: dict | None = None,
                 tokens: int = 16384) -> list[dict]:  # fmt: skip
-    """Speed-up against the dense comm/compute ratio: the map's row at ``tokens`` over a
-    wide bandwidth range (0.05-3000 Gbit/s)."""
+    """Speed-up against dense comm/compute: the map's row at ``tokens``, 0.05-3000 Gbit/s."""
     bws = [10 ** (i / 8) for i in range(-11, 29)]
     return sorted((_cell(a, cal, bw, tokens) for bw in bws),
                   key=lambda c: c["comm_over_compute"])  # fmt: skip

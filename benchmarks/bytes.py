@@ -46,8 +46,7 @@ def scape_formula(method: dict[str, Any], shard_sizes: list[int], world: int) ->
 
 def summarize_measured(results: list[dict[str, Any]],
                        methods: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    """Median bytes per rank per step by kind (rank 0's counters), ratios, and for SCAPE the
-    formula and whether the counts match it."""
+    """Median bytes per rank per step by kind (rank 0's), ratios, SCAPE's formula and check."""
     world, r0 = len(results), results[0]
     out: dict[str, Any] = {}
     for m in methods:
@@ -73,8 +72,7 @@ def summarize_measured(results: list[dict[str, Any]],
 
 
 def paper_scale_bytes(n_params: int, world_size: int) -> dict[str, Any]:
-    """Per-rank bytes per step at scale: dense ZeRO-1 bf16 and SCAPE-90/99 (bf16 and fp32
-    values), with their totals and ratios to dense."""
+    """Per-rank bytes per step of dense ZeRO-1 bf16 and SCAPE-90/99 (bf16, fp32 values) at scale."""
     dense = paper.dense_bytes(n_params, world_size)
     entries = {"dense-adams": dense}
     for suffix, nbytes in (("-bf16", 2), ("", 4)):

@@ -51,20 +51,6 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
     held: dict[str, torch.Tensor] = {}  # outputs one part hands the next
     target = torch.empty_like(moment)  # commit writes here, so repeats read the same moment
 
-    def run_accumulate() -> None:
-        held["cand"] = accumulate(moment, grad, cfg.moment_beta)
-
-    def run_pack() -> None:
-        held["wire"] = pack(basis, held["cand"], masks, world_size=world, value_dtype=VALUE_DTYPE)
-
-    def run_commit() -> None:
-        commit_moment_(target, held["cand"], basis, masks, held["wire"], world_size=world)
-
-    def run_step() -> None:  # the summed buffer has the wire's shape and dtype
-        step_bucket_(params, second, basis, masks, held["wire"], world_size=world, decay=runs,
-                     decay_factor=1.0 - LR * WD, update="rms", step=10, lr=LR,
-                     beta=cfg.second_moment_beta, eps=1e-8)  # fmt: skip
-
     def dense_update() -> None:
         # As Megatron's distributed optimizer: shard grads -> fp32 main grads, the update,
         # main params -> the model's param buffer (the all-gather then fills it in place).
@@ -74,15 +60,21 @@ def measure(world: int, shard: int, sparsity: float, repeats: int,
 
     parts: dict[str, Callable[[], object]] = {
         "scape.select": lambda: owner_mask(basis, moment[:shard]),
-        "scape.accumulate": run_accumulate,
-        "scape.pack": run_pack,
-        "scape.commit": run_commit,
-        "scape.step": run_step,
+        "scape.accumulate": lambda: held.update(cand=accumulate(moment, grad, cfg.moment_beta)),
+        "scape.pack": lambda: held.update(wire=pack(basis, held["cand"], masks, world_size=world,
+                                                    value_dtype=VALUE_DTYPE)),
+        "scape.commit": lambda: commit_moment_(target, held["cand"], basis, masks, held["wire"],
+                                               world_size=world),
+        # the step's summed buffer has the wire's shape and dtype
+        "scape.step": lambda: step_bucket_(params, second, basis, masks, held["wire"],
+                                           world_size=world, decay=runs, decay_factor=1.0 - LR * WD,
+                                           update="rms", step=10, lr=LR,
+                                           beta=cfg.second_moment_beta, eps=1e-8),
         # DDP's in-place pre-scaling of all W*S grads (by 1 here: the same cost, and repeated
         # calls do not drift the values towards denormals)
         "dense.scale": lambda: grad.mul_(1.0),
         "dense.update": dense_update,
-    }
+    }  # fmt: skip
     for fn in parts.values():  # warm-up, in step order
         fn()
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None

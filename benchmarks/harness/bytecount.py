@@ -5,6 +5,7 @@ counts the collectives it calls: a measurement of the dense baseline, not a form
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,29 +24,22 @@ class CollectiveTap:
     def __init__(self) -> None:
         import megatron.core.distributed.param_and_grad_buffer as pgb
 
-        self.counter = ByteCounter()
-        world = dist.get_world_size()
-        native_rs, native_ag, native_ar = (
-            dist.reduce_scatter_tensor, dist.all_gather_into_tensor, dist.all_reduce)  # fmt: skip
+        self.counter, world = ByteCounter(), dist.get_world_size()
 
-        def reduce_scatter(out: Tensor, inp: Tensor, *args: Any, **kw: Any):
-            self.counter.add(GRAD_VALUES, ring_bytes_per_rank(inp.nbytes, world))
-            return native_rs(out, inp, *args, **kw)
+        def tap(native: Callable, kind: str, ring: Callable[..., Tensor], passes: int = 1):
+            def counted(*args: Any, **kw: Any):
+                self.counter.add(kind, passes * ring_bytes_per_rank(ring(*args).nbytes, world))
+                return native(*args, **kw)
 
-        def all_gather(out: Tensor, inp: Tensor, *args: Any, **kw: Any):
-            self.counter.add(PARAM_VALUES, ring_bytes_per_rank(out.nbytes, world))
-            return native_ag(out, inp, *args, **kw)
+            return counted
 
-        def all_reduce(tensor: Tensor, *args: Any, **kw: Any):
-            self.counter.add(SCALARS, 2 * ring_bytes_per_rank(tensor.nbytes, world))
-            return native_ar(tensor, *args, **kw)
-
+        # A ring sends a reduce-scatter's input, an all-gather's output; an all-reduce is both.
         # Megatron calls its module-level aliases for bucket collectives, torch's for the rest.
-        pgb.dist_reduce_scatter_func = reduce_scatter
-        pgb.dist_all_gather_func = all_gather
-        dist.reduce_scatter_tensor = reduce_scatter
-        dist.all_gather_into_tensor = all_gather
-        dist.all_reduce = all_reduce
+        pgb.dist_reduce_scatter_func = dist.reduce_scatter_tensor = tap(
+            dist.reduce_scatter_tensor, GRAD_VALUES, lambda out, inp, *_: inp)  # fmt: skip
+        pgb.dist_all_gather_func = dist.all_gather_into_tensor = tap(
+            dist.all_gather_into_tensor, PARAM_VALUES, lambda out, inp, *_: out)  # fmt: skip
+        dist.all_reduce = tap(dist.all_reduce, SCALARS, lambda t, *_: t, passes=2)
 
 
 class MegatronMethod:

@@ -29,7 +29,7 @@ Worker = Callable[[dict[str, Any], int, int], dict[str, Any]]  # (spec, rank, wo
 
 
 class LaunchError(RuntimeError):
-    pass
+    """A rank exited with an error or outlived the launch's timeout."""
 
 
 LAUNCH_ERRORS = (LaunchError, OSError, ValueError, KeyError)  # a failed launch or its results
@@ -65,8 +65,8 @@ def launch_ranks(worker: Worker, spec: dict[str, Any], out_dir: Path, *, world_s
     try:
         for r in range(world_size):
             argv = [sys.executable, "-m", __name__, str(spec_path), str(r)]
-            if cluster is not None:
-                argv = cluster.exec_argv(r, argv)
+            if cluster is not None:  # inside the rank's namespace
+                argv = ["ip", "netns", "exec", cluster.rank_ns[r], *argv]
             with open(logs[r], "w") as log:
                 procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True))  # fmt: skip

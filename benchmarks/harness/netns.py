@@ -138,9 +138,5 @@ class Cluster:
             name = self._created.pop()
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
-    def exec_argv(self, rank: int, argv: list[str]) -> list[str]:
-        """``argv`` run inside rank ``rank``'s namespace."""
-        return ["ip", "netns", "exec", self.rank_ns[rank], *argv]
-
     def __exit__(self, *exc: object) -> None:
         self.down()

@@ -29,26 +29,25 @@ _PF_KTHREAD = 0x00200000
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def load_average(path: Path = PROC / "loadavg") -> float:
-    """The 1-minute load average."""
+def load_average(path: Path = PROC / "loadavg") -> float:  # the 1-minute one
     return float(path.read_text().split()[0])
 
 
-def _cmdline(pid: int) -> str:
+def _read(pid: int, name: str) -> str | None:
     try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
+        return (PROC / str(pid) / name).read_bytes().decode(errors="replace")
     except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    return (_read(pid, "cmdline") or "").replace("\0", " ").strip()
 
 
 def _stat(pid: int) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name (index 0 = state, 1 = ppid)."""
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
+    text = _read(pid, "stat")
+    return None if text is None else text[text.rfind(")") + 2 :].split()
 
 
 def _own_tree() -> set[int]:

@@ -111,8 +111,7 @@ class Point:
         return self.step_s / self.floor_s if self.floor_s else None
 
     @property
-    def comm_over_compute(self) -> float | None:
-        """Exposed time over compute: (step - floor) / floor."""
+    def comm_over_compute(self) -> float | None:  # exposed time over compute
         return (self.step_s - self.floor_s) / self.floor_s if self.floor_s else None
 
     @property

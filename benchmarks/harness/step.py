@@ -145,8 +145,7 @@ def prepare_data(overrides: list[str]) -> None:
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, MethodSteps]:
-    """Per method of a launch: each measured step at its slowest rank, rank 0's counted bytes
-    (median per kind)."""
+    """Per method of a launch: each measured step at its slowest rank, rank 0's median bytes."""
     out = {}
     for name, info in results[0]["methods"].items():
         rows = [[r for r in res["steps"] if r["method"] == name and r["measured"]]
