@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib.metadata import version
 from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -41,14 +39,9 @@ from eval.export import load_exported
 from eval.harness import LOCAL_TASKS, run_tasks, summarize
 from eval.offline import check_hub_tasks
 from eval.perplexity import split_perplexity
+from pipelines.stage import command_line, one_line_errors, register_schema
 
-
-def register_configs() -> None:
-    """Make conf/evaluate.yaml's `evaluate_schema` default resolve to the typed dataclass."""
-    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
-
-
-register_configs()
+register_schema("evaluate", EvaluateConfig)
 
 
 def run(cfg: EvaluateConfig | DictConfig, command: str | None = None) -> dict[str, Any]:
@@ -150,14 +143,8 @@ def table(document: dict[str, Any]) -> str:
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     quiet_bars_without_terminal()
-    from hydra.core.hydra_config import HydraConfig
-
-    overrides = " ".join(HydraConfig.get().overrides.task)
-    try:
-        document = run(cfg, command=f"python -m pipelines.evaluate {overrides}".strip())
-    except (EvalError, DataPrepError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    with one_line_errors(EvalError, DataPrepError, status=1):
+        document = run(cfg, command=command_line("pipelines.evaluate"))
     print(table(document))
     print(f"results: {document['output']}")
 

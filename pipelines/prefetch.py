@@ -48,6 +48,7 @@ from data_prep.progress import quiet_bars_without_terminal
 from eval.harness import LOCAL_TASKS
 from eval.offline import STANDARD_TASKS
 from pipelines.reproduce import PAPER_EXPERIMENTS
+from pipelines.stage import one_line_errors, register_schema
 from pipelines.training.config import ConfigError, compose
 
 __all__ = ["Item", "PrefetchConfig", "PrefetchError", "plan", "run", "task_datasets"]
@@ -378,27 +379,18 @@ def summary(report: Report, cfg: PrefetchConfig) -> list[str]:
     return lines
 
 
-def _register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="prefetch_schema", node=PrefetchConfig)
-
-
-_register()
+register_schema("prefetch", PrefetchConfig)
 
 
 @hydra.main(config_path="../conf", config_name="prefetch", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     quiet_bars_without_terminal()
     typed: PrefetchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    try:
+    with one_line_errors(PrefetchError, ConfigError):
         home = resolve_hf_home(typed, must_exist_vars=not typed.dry_run)
         if "$" not in home:  # the libraries read HF_HOME when first imported
             os.environ.setdefault("HF_HOME", home)
         report = run(typed)
-    except (PrefetchError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     for line in summary(report, typed):
         print(line)
     if report.missing and not typed.dry_run:

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -23,17 +22,13 @@ from data_prep.config import PrepareConfig
 from data_prep.errors import DataPrepError
 from data_prep.prepare import PrepareResult, prepare
 from data_prep.progress import quiet_bars_without_terminal
+from pipelines.stage import command_line, one_line_errors, register_schema
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("data", "tokenizer")
 
 
-def register_configs() -> None:
-    """Make conf/prepare.yaml's `prepare_schema` default resolve to the typed dataclass."""
-    ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
-
-
-register_configs()
+register_schema("prepare", PrepareConfig)
 
 
 def run(cfg: PrepareConfig | DictConfig, command: str | None = None) -> PrepareResult:
@@ -60,14 +55,8 @@ def unknown_group_choice(overrides: list[str]) -> str | None:
 @hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     quiet_bars_without_terminal()
-    from hydra.core.hydra_config import HydraConfig
-
-    overrides = " ".join(HydraConfig.get().overrides.task)
-    try:
-        result = run(cfg, command=f"python -m pipelines.prepare {overrides}".strip())
-    except DataPrepError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+    with one_line_errors(DataPrepError, status=1):
+        result = run(cfg, command=command_line("pipelines.prepare"))
     print(result.summary())
 
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.errors import DataPrepError
 from data_prep.progress import Progress, quiet_bars_without_terminal
+from pipelines.stage import one_line_errors
 from pipelines.training.config import ConfigError, PretrainConfig, register_configs, validate
 from pipelines.training.runs import claim_run_dir, run_dir_of
 from pipelines.training.tracking import METRICS_FILE, read_metrics
@@ -132,11 +133,8 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     quiet_bars_without_terminal()
-    try:
+    with one_line_errors(ConfigError, DataPrepError):
         result = run(cfg)
-    except (ConfigError, DataPrepError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(json.dumps(result, indent=1, default=str))
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 import hydra
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from pipelines.stage import one_line_errors, register_schema
+
 __all__ = ["Batch", "QualityQueueConfig", "run"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,22 +119,13 @@ def run(cfg: QualityQueueConfig | DictConfig) -> None:
         print("report rewritten: results/quality/summary.md, README.md", flush=True)
 
 
-def _register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="quality_queue_schema", node=QualityQueueConfig)
-
-
-_register()
+register_schema("quality_queue", QualityQueueConfig)
 
 
 @hydra.main(config_path="../conf", config_name="quality_queue", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors(ValueError, RuntimeError):
         run(cfg)
-    except (ValueError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

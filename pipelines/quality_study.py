@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.stage import one_line_errors, register_schema
 from pipelines.studies.claims import claim, wait_for_others
 from pipelines.studies.protocol import code_classes, code_version, load_equivalences
 from pipelines.studies.quality_config import QualityStudyConfig, RunSpec
@@ -40,11 +39,7 @@ __all__ = ["plan_runs", "resolve", "run"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def register_configs() -> None:
-    ConfigStore.instance().store(name="quality_study_schema", node=QualityStudyConfig)
-
-
-register_configs()
+register_schema("quality_study", QualityStudyConfig)
 
 
 def resolve(cfg: QualityStudyConfig | DictConfig) -> QualityStudyConfig:
@@ -288,11 +283,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
 def main(cfg: DictConfig) -> None:
     from data_prep.errors import DataPrepError
 
-    try:
+    with one_line_errors(DataPrepError, status=1, hint="; prepare the data first (make prepare)"):
         run(cfg)
-    except DataPrepError as err:
-        print(f"error: {err}; prepare the data first (make prepare)", file=sys.stderr)
-        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import csv
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.dataset import prepared_dir
 from pipelines.efficiency import efficiency_table
+from pipelines.stage import one_line_errors, register_schema
 from pipelines.training.config import sparsity_of
 from pipelines.training.provenance import PROVENANCE_FILE, git_version
 from pipelines.training.tracking import METRICS_FILE, read_metrics
@@ -532,22 +532,13 @@ def report_lines(reports: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="tables_schema", node=TablesConfig)
-
-
-_register()
+register_schema("tables", TablesConfig)
 
 
 @hydra.main(config_path="../conf", config_name="tables", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors(FileNotFoundError):
         result = run(cfg)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(result["quality"])
     print(result["efficiency"])
     for line in report_lines(result["wandb_reports"]):
