@@ -159,12 +159,18 @@ quality-replay: $(STAMP)
 quality-report: $(STAMP)
 	$(PY) -m pipelines.quality_study report_only=true data_dir=$(QUALITY_DATA)
 
-# Peers (issue 8): SCAPE vs PowerSGD (r1/2/4), DGC-style top-k (90/99%), 1-bit-Adam-style and
-# dense AdamS, 3 seeds each through the pretrain stage (~45 min on 2 cores; resumes). Writes
-# results/peers/; run `make bench-peers-cluster` first for the emulated-cluster time columns.
-# QUICK=1: AdamS and DGC-99, one seed, a few steps, into outputs/peers_quick/.
+# Peers (issues 8, 29): the loss-for-bytes frontier of dense AdamS and AdamW, SCAPE-90/99,
+# PowerSGD r1/2/4, DGC-90/99 (with its warm-up) and 1-bit Adam through the pretrain stage under
+# the verdict's protocol: lr grid x1/x2/x4 closed on every seed, 3 seeds, one code version
+# (conf/peers_study.yaml: 1,024-entry BPE, 400 steps). 90 runs plus the grids' extensions
+# (3 per method and round; ~10-20 expected): ~4 min a run beside another job on the 2-core
+# host (one measured dense run), so 6-8 h; about half that on an idle host. Resumes: run it
+# in the background (nohup make peers-study > peers.log 2>&1 &), again after a stop. Writes
+# results/peers/ (frontier.*, its README block); runs in runs/peers/<code version>/.
+# QUICK=1: AdamS and DGC-99, one seed, one lr, 6 steps, into outputs/peers_quick/ (minutes).
+PEERS_BPE = $(if $(QUICK),bytebpe4k,bytebpe1k)
 peers-study: $(STAMP)
-	@test -f data/enwiki_sample__bytebpe4k/metadata.json || $(PY) -m pipelines.prepare progress=false
+	@test -f data/enwiki_sample__$(PEERS_BPE)/metadata.json || $(PY) -m pipelines.prepare tokenizer=$(PEERS_BPE) progress=false
 	$(PY) -m pipelines.peers_study $(if $(QUICK),quick=true output_root=outputs/peers_quick/runs out_dir=outputs/peers_quick) $(ARGS)
 
 # Issue 28: the adapter on today's megatron-core (0.19.2: what environment.yml pins for

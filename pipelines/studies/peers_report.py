@@ -1,8 +1,17 @@
-"""The peers study's report: seed statistics per method, steps and time to dense AdamS's loss,
-and the table, CSV, JSON and figure (``loss_vs_bytes.png``) written from finished pretrain runs.
+"""The peers study's report: the loss-for-bytes frontier of every method at its chosen lr,
+and the curves behind it, written from finished pretrain runs.
 
-Step times come from the emulated-cluster JSON files of ``make bench-peers-cluster``
-(:mod:`benchmarks.peers_cluster`); without them the time columns say "not measured".
+- ``frontier.json``: per method, the lr chosen over the seeds
+  (:func:`pipelines.studies.protocol.choose_lr`; "grid open" where the best lr is at the grid's
+  edge), the final validation loss, the gap to dense AdamS paired by seed, the bytes per rank
+  per step measured (run mean) and by formula at the run's shape and projected to the paper's
+  shapes (:mod:`pipelines.studies.peers_bytes`); the setting, the unigram level of the
+  training split, and the code version and commits the runs came from. Every figure of
+  ``frontier.md``, ``frontier.png`` and the README block is read from it.
+- ``peers.md``, ``peers.csv``, ``peers.json``, ``loss_vs_bytes.png``: the chosen-lr runs'
+  seed statistics and loss against cumulative bytes; step times from the emulated-cluster
+  files of ``make bench-peers-cluster`` (:mod:`benchmarks.peers_cluster`) where present,
+  else "not measured".
 """
 
 from __future__ import annotations
@@ -14,12 +23,65 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.training.runs import run_dir_of
+from pipelines.studies.protocol import LrChoice, choose_lr
+from pipelines.training.config import PretrainConfig
+from pipelines.training.provenance import PROVENANCE_FILE
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
-__all__ = ["REFERENCE", "MethodResult", "report", "summarize_method"]
+__all__ = [
+    "REFERENCE",
+    "MethodResult",
+    "StudyRun",
+    "final_val_loss",
+    "frontier",
+    "frontier_block",
+    "frontier_table",
+    "lr_choices",
+    "plot_frontier",
+    "report",
+    "summarize_method",
+]
 
 REFERENCE = "adams"
+SUMMARY_FILE = "summary.json"
+BLOCK = "frontier"  # <!-- frontier:begin --> ... <!-- frontier:end --> in the README
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One pretrain run of the study: ``method`` at ``lr_scale`` times its config's lr."""
+
+    method: str
+    label: str
+    lr_scale: float
+    seed: int
+    run_dir: Path
+    cfg: PretrainConfig = field(compare=False, repr=False)
+
+
+def final_val_loss(run: StudyRun) -> float | None:
+    """The run's final validation loss once it finished every step (``math.inf`` when it
+    diverged: a NaN loss); None while it has not."""
+    path = run.run_dir / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    if summary.get("status") != "finished" or summary.get("step") != run.cfg.train.train_steps:
+        return None
+    loss = summary.get("final_val_loss")
+    return float(loss) if loss is not None and math.isfinite(float(loss)) else math.inf
+
+
+def lr_choices(runs: list[StudyRun]) -> dict[str, LrChoice | None]:
+    """Per method, the lr scale of the lowest mean final loss over the seeds, from the
+    finished runs (None while no lr has finished on every seed the method ran)."""
+    finals: dict[str, dict[float, dict[int, float]]] = {}
+    for run in runs:
+        loss = final_val_loss(run)
+        cell = finals.setdefault(run.method, {})
+        if loss is not None:
+            cell.setdefault(run.lr_scale, {})[run.seed] = loss
+    return {m: choose_lr(cell) for m, cell in finals.items()}
 
 
 @dataclass
@@ -151,19 +213,298 @@ def _plot(results: list[MethodResult], path: Path) -> None:
     plt.close(fig)
 
 
+def _stats(values: list[float]) -> dict[str, float | int]:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"n": 0, "mean": math.nan, "sd": math.nan, "min": math.nan, "max": math.nan}
+    return {
+        "n": len(finite),
+        "mean": statistics.fmean(finite),
+        "sd": statistics.stdev(finite) if len(finite) > 1 else 0.0,
+        "min": min(finite),
+        "max": max(finite),
+    }
+
+
+def _commit(run: StudyRun) -> dict[str, Any]:
+    path = run.run_dir / PROVENANCE_FILE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return {"commit": record.get("commit"), "dirty": bool(record.get("dirty")),
+            "resumed": record.get("resumed", [])}  # fmt: skip
+
+
+def frontier(
+    runs: list[StudyRun],
+    *,
+    code: dict[str, Any],
+    setting: dict[str, Any],
+    unigram: dict[str, Any],
+    projections: dict[str, dict[str, float]],
+    formula_here: dict[str, float],
+    command: str,
+) -> dict[str, Any]:
+    """The frontier's JSON: per method at its chosen lr, seed statistics of the final loss,
+    the gap to dense AdamS paired by seed, and the bytes. ``projections[method][shape name]``
+    and ``formula_here[method]`` are the steady-state byte formulas (the caller's, from
+    :mod:`pipelines.studies.peers_bytes`); ``code`` names the code version the runs share."""
+    choices = lr_choices(runs)
+    chosen = {m: c for m, c in choices.items() if c is not None}
+    picked = {(r.method, r.seed): r for r in runs if r.method in chosen
+              and r.lr_scale == chosen[r.method].lr and r.seed in chosen[r.method].seeds}  # fmt: skip
+    ref = chosen.get(REFERENCE)
+    ref_loss = {s: final_val_loss(picked[(REFERENCE, s)]) for s in ref.seeds} if ref else {}
+    methods, commits = [], {}
+    for method in dict.fromkeys(r.method for r in runs):
+        choice = chosen.get(method)
+        mine = [picked[(method, s)] for s in choice.seeds] if choice else []
+        finals = {r.seed: final_val_loss(r) for r in mine}
+        gaps = {
+            s: 100.0 * (loss / ref_loss[s] - 1.0)
+            for s, loss in finals.items()
+            if s in ref_loss and math.isfinite(loss) and math.isfinite(ref_loss[s])
+        }
+        records = [read_metrics(r.run_dir / METRICS_FILE) for r in mine]
+        per_step = [[sum(x["bytes"].values()) for x in recs if "bytes" in x] for recs in records]
+        for r in mine:
+            c = _commit(r)
+            commits.setdefault((c["commit"], c["dirty"]), []).append(r.run_dir.name)
+        label = next(r.label for r in runs if r.method == method)
+        methods.append({
+            "method": method, "label": label,
+            "lr_scale": choice.lr if choice else None,
+            "lr": mine[0].cfg.optimizer.scaled()["lr"] if choice else None,  # scale included
+            "closed": bool(choice and choice.closed),
+            "grid": list(choice.grid) if choice else sorted({r.lr_scale for r in runs if r.method == method}),
+            "seeds": list(choice.seeds) if choice else [],
+            "final": {**_stats(list(finals.values())),
+                      "diverged": sum(not math.isfinite(v) for v in finals.values()),
+                      "per_seed": {str(s): v for s, v in finals.items()}},
+            "gap_pct": {**_stats(list(gaps.values())), "per_seed": {str(s): g for s, g in gaps.items()}},
+            "bytes": {
+                "measured_mean": statistics.fmean(statistics.fmean(b) for b in per_step) if mine else math.nan,
+                "measured_last": statistics.fmean(b[-1] for b in per_step) if mine else math.nan,
+                "formula_here": formula_here.get(method, math.nan),
+                "projected": projections.get(method, {}),
+            },
+            "runs": [r.run_dir.name for r in mine],
+            "unfinished": sum(final_val_loss(r) is None for r in runs if r.method == method),
+        })  # fmt: skip
+    code = {**code, "commits": [{"commit": c, "dirty": d, "runs": len(names)}
+                                for (c, d), names in commits.items()]}  # fmt: skip
+    return {"command": command, "reference": REFERENCE, "code": code, "setting": setting,
+            "unigram": unigram, "methods": methods}  # fmt: skip
+
+
+def _num(x: float, digits: int) -> str:
+    return f"{x:,.{digits}f}" if isinstance(x, int | float) and math.isfinite(x) else "-"
+
+
+def _bytes_text(nbytes: float) -> str:
+    if not (isinstance(nbytes, int | float) and math.isfinite(nbytes)):
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes:,.0f} B"
+
+
+def frontier_table(doc: dict[str, Any]) -> str:
+    """The frontier as a markdown table (every figure from ``doc``, :func:`frontier`'s JSON)."""
+    shapes = [p["name"] for p in doc["setting"]["paper_shapes"]]
+    world = doc["setting"]["paper_shapes"][0]["world_size"] if shapes else 0
+    head = ("| method | lr (x base) | final val loss (mean ± sd, n) | gap to AdamS (mean ± sd; min to max) "
+            "| bytes/rank/step, measured | " + " | ".join(f"{s} at {world} ranks" for s in shapes) + " |")  # fmt: skip
+    lines = [head, "|" + "---|" * (5 + len(shapes))]
+    for m in doc["methods"]:
+        f, g, b = m["final"], m["gap_pct"], m["bytes"]
+        if m["lr_scale"] is None:
+            lr = "no lr finished on every seed"
+        else:
+            lr = f"x{m['lr_scale']:g}" + ("" if m["closed"] else " (grid open)")
+        loss = f"{_num(f['mean'], 3)} ± {_num(f['sd'], 3)} ({f['n']})"
+        if f["diverged"]:
+            loss += f"; diverged in {f['diverged']} of {len(m['seeds'])}"
+        gap = "reference" if m["method"] == doc["reference"] else (
+            f"{g['mean']:+.2f}% ± {g['sd']:.2f} ({g['min']:+.2f} to {g['max']:+.2f})"
+            if g["n"] else "-")  # fmt: skip
+        proj = [_bytes_text(b["projected"].get(s, math.nan)) for s in shapes]
+        lines.append(f"| {m['label']} | {lr} | {loss} | {gap} | {_bytes_text(b['measured_mean'])} | "
+                     + " | ".join(proj) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _status(doc: dict[str, Any]) -> str:
+    s = doc["setting"]
+    want = len(s["seeds"])
+    short = [m["label"] for m in doc["methods"] if m["final"]["n"] + m["final"]["diverged"] < want]
+    open_ = [m["label"] for m in doc["methods"] if m["lr_scale"] is not None and not m["closed"]]
+    unfinished = sum(m.get("unfinished", 0) for m in doc["methods"])
+    if not short and not open_ and not unfinished:
+        return (
+            f"Complete: every method has {want} seeds at its chosen lr, and every grid is closed."
+        )
+    parts = [f"{unfinished} planned runs not finished"] if unfinished else []
+    if short:
+        parts.append(f"fewer than {want} seeds at the chosen lr: {', '.join(short)}")
+    if open_:
+        parts.append(f"grid open: {', '.join(open_)}")
+    return "Incomplete (" + "; ".join(parts) + "): rerun `make peers-study` to finish it."
+
+
+def frontier_caption(doc: dict[str, Any]) -> str:
+    """What the table and figure show and how they were made, from ``doc`` alone."""
+    s, u, code = doc["setting"], doc["unigram"], doc["code"]
+    ref = next((m for m in doc["methods"] if m["method"] == doc["reference"]), None)
+    below = ""
+    if ref and ref["final"]["n"]:
+        margin = u["nats"] - ref["final"]["mean"]
+        where = "below" if margin > 0 else "above"
+        below = (f" Dense AdamS ends {abs(margin):.2f} nats {where} it "
+                 f"({ref['final']['mean']:.3f}).")  # fmt: skip
+    shapes = ", ".join(
+        f"{p['name']} ({p['params'] / 1e6:,.0f}M parameters)" for p in s["paper_shapes"]
+    )
+    world = s["paper_shapes"][0]["world_size"] if s["paper_shapes"] else 0
+    commits = ", ".join(
+        f"{(c['commit'] or 'unknown')[:10]}{' (uncommitted changes)' if c['dirty'] else ''}: {c['runs']} runs"
+        for c in code["commits"]
+    )  # fmt: skip
+    others = code.get("other_versions") or {}
+    left_out = (" Left out, as runs of other code: " + ", ".join(
+        f"`{v}` ({n} runs)" for v, n in others.items()) + ".") if others else ""  # fmt: skip
+    return (
+        f"Final validation loss after {s['steps']:,} steps of the {s['model']} "
+        f"({s['params']:,} parameters, {s['vocab']:,}-entry {s['tokenizer']} vocabulary, data "
+        f"`{s['data']}`; {s['ranks']} ranks, {s['tokens_per_step']:,} tokens per step; lr "
+        f"{s['lr']:g} x the scale shown, cosine to a tenth, {s['warmup_steps']} warm-up steps), "
+        f"seeds {', '.join(str(x) for x in s['seeds'])}. Each method at the lr scale of its lowest "
+        f"mean final loss over the seeds (grid {', '.join(f'x{x:g}' for x in s['lr_scales'])}, "
+        f'extended x0.5 / x2 on every seed while the best is at an edge; "grid open" where it '
+        f"still is). Gap: per seed against dense AdamS at its own chosen lr, then mean ± sd and "
+        f"min to max over the seeds. Unigram level (entropy of the training split's token "
+        f"frequencies, {u['tokens']:,} tokens): {u['nats']:.3f} nats/token.{below} Bytes per "
+        f"rank per step: measured, the mean over the run (warm-up phases included); projected, "
+        f"the steady-state formula of each method (pipelines/studies/peers_bytes.py, fp32 "
+        f"values) at {shapes} on {world} ranks. Runs of code version `{code['version']}`; "
+        f"commits {commits}.{left_out} {_status(doc)}"
+    )
+
+
+def frontier_block(doc: dict[str, Any]) -> str:
+    """The README's generated block: the figure, the table and its caption."""
+    return (f"![gap to dense AdamS against bytes per rank per step](frontier.png)\n\n"
+            f"{frontier_table(doc)}\n\n{frontier_caption(doc)}")  # fmt: skip
+
+
+def plot_frontier(doc: dict[str, Any], path: Path) -> None:
+    """Two panels: the gap to dense AdamS (mean, min-max bar over seeds) against bytes per rank
+    per step measured here, and against the bytes projected to the paper's shapes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    s, u = doc["setting"], doc["unigram"]
+    ref = next((m for m in doc["methods"] if m["method"] == doc["reference"]), None)
+    shapes = s["paper_shapes"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=True)
+    markers = ["o", "s", "^", "D"]
+    colors = plt.get_cmap("tab10").colors
+    for i, m in enumerate(doc["methods"]):
+        g = m["gap_pct"]
+        if not g["n"]:
+            continue
+        yerr = [[g["mean"] - g["min"]], [g["max"] - g["mean"]]]
+        color = colors[i % len(colors)]
+        x = m["bytes"]["measured_mean"]
+        axes[0].errorbar([x], [g["mean"]], yerr=yerr, fmt="o", color=color, capsize=3,
+                         label=m["label"] + ("" if m["closed"] else " (grid open)"))  # fmt: skip
+        axes[0].annotate(m["label"], (x, g["mean"]), textcoords="offset points", xytext=(5, 4),
+                         fontsize=7, color=color)  # fmt: skip
+        for j, shape in enumerate(shapes):
+            xp = m["bytes"]["projected"].get(shape["name"])
+            if xp:
+                axes[1].errorbar([xp], [g["mean"]], yerr=yerr, fmt=markers[j % len(markers)],
+                                 color=color, capsize=3, mfc="none" if j else color)  # fmt: skip
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.axhline(0.0, color="black", lw=0.8)
+        if ref and ref["final"]["n"]:
+            level = 100.0 * (u["nats"] / ref["final"]["mean"] - 1.0)
+            ax.axhline(level, color="gray", ls="--", lw=1)
+            ax.text(ax.get_xlim()[0] if ax.has_data() else 1, level,
+                    f" unigram level ({u['nats']:.2f} nats)", va="bottom", fontsize=8, color="gray")  # fmt: skip
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_xlabel(f"bytes per rank per step, measured ({s['model']}, {s['ranks']} ranks; log)")
+    axes[0].set_ylabel("final val loss vs dense AdamS (%, mean and min-max over seeds)")
+    axes[0].set_title(f"{s['steps']} steps, each method at its chosen lr")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7, loc="upper right")
+    world = shapes[0]["world_size"] if shapes else 0
+    axes[1].set_xlabel(f"bytes per rank per step, projected at {world} ranks (log)")
+    handles = [Line2D([], [], ls="", marker=markers[j % len(markers)], color="black",
+                      mfc="none" if j else "black", label=f"{p['name']} ({p['params'] / 1e6:,.0f}M)")
+               for j, p in enumerate(shapes)]  # fmt: skip
+    axes[1].legend(handles=handles, fontsize=8, loc="upper right")
+    axes[1].set_title("the same gaps at the paper's shapes (steady-state byte formulas)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(
-    runs: list[tuple[str, int, Any]], out_dir: Path, cluster_jsons: list[Path], command: str
+    runs: list[StudyRun],
+    out_dir: Path,
+    cluster_jsons: list[Path],
+    command: str,
+    *,
+    code: dict[str, Any],
+    setting: dict[str, Any],
+    unigram: dict[str, Any],
+    projections: dict[str, dict[str, float]],
+    formula_here: dict[str, float],
+    readme: Path | None = None,
+) -> dict[str, Any]:
+    """Write the frontier (JSON, table, figure; the README's block when ``readme`` has its
+    markers) and the chosen-lr curves (peers.md/csv/json, loss_vs_bytes.png) for the finished
+    runs of ``runs``; returns the frontier's JSON."""
+    doc = frontier(runs, code=code, setting=setting, unigram=unigram, projections=projections,
+                   formula_here=formula_here, command=command)  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "frontier.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "frontier.md").write_text(
+        f"{frontier_table(doc)}\n\n{frontier_caption(doc)}\n", encoding="utf-8"
+    )
+    plot_frontier(doc, out_dir / "frontier.png")
+    ref = next((m for m in doc["methods"] if m["method"] == REFERENCE), None)
+    if readme is not None and ref is not None and ref["final"]["n"]:  # nothing to show before
+        from pipelines.studies.quality_report import update_block
+
+        update_block(readme, frontier_block(doc), BLOCK)
+    _curves(runs, doc, out_dir, cluster_jsons, command)
+    return doc
+
+
+def _curves(
+    runs: list[StudyRun],
+    doc: dict[str, Any],
+    out_dir: Path,
+    cluster_jsons: list[Path],
+    command: str,
 ) -> list[MethodResult]:
-    """Write the table, CSV, JSON and figure for finished runs; returns the rows."""
-    by_method: dict[str, list[list[dict[str, Any]]]] = {}
-    labels: dict[str, str] = {}
-    for method, _seed, cfg in runs:
-        by_method.setdefault(method, []).append(read_metrics(run_dir_of(cfg) / METRICS_FILE))
-        labels[method] = cfg.optimizer.label
-    results = [summarize_method(m, labels[m], rs) for m, rs in by_method.items()]
+    """peers.md/csv/json and loss_vs_bytes.png over each method's chosen-lr runs."""
+    names = {m["method"]: set(m["runs"]) for m in doc["methods"]}
+    results = []
+    for m in doc["methods"]:
+        mine = [r for r in runs if r.method == m["method"] and r.run_dir.name in names[m["method"]]]
+        if mine:
+            records = [read_metrics(r.run_dir / METRICS_FILE) for r in mine]
+            results.append(summarize_method(m["method"], m["label"], records))
+    if not any(r.method == REFERENCE for r in results):
+        return results
     clusters = [json.loads(p.read_text()) for p in cluster_jsons if p.is_file()]
     _attach_times(results, clusters)
-    out_dir.mkdir(parents=True, exist_ok=True)
     table = _table(results, [_link(c) for c in clusters])
     (out_dir / "peers.md").write_text(table + "\n")
     (out_dir / "peers.json").write_text(

@@ -59,3 +59,146 @@ def test_time_to_target_uses_the_cluster_step_time_or_says_never():
     assert fast.steps_to_target == 2 and fast.time_to_target_s["1gbit"] == pytest.approx(0.2)
     assert slow.steps_to_target is None and slow.time_to_target_s == {}
     assert "never" in _table([ref, fast, slow], ["1gbit"]).splitlines()[-1]
+
+
+# ---------------------------------------------------------------- the frontier
+
+
+def _fake_run(root, method, label, lr, seed, final, *, steps=4, bytes_per_step=100.0,
+              commit="abc1234567890", dirty=False):  # fmt: skip
+    """A finished StudyRun on disk: summary.json, metrics.jsonl and provenance.json."""
+    import json
+    from types import SimpleNamespace
+
+    from pipelines.studies.peers_report import StudyRun
+
+    run_dir = root / f"{label}-lr{lr:g}-seed{seed}"
+    run_dir.mkdir(parents=True)
+    records = _records({steps: final}, bytes_per_step, steps)
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": "finished", "step": steps, "final_val_loss": final})
+    )
+    (run_dir / "provenance.json").write_text(json.dumps({"commit": commit, "dirty": dirty}))
+    opt = SimpleNamespace(scaled=lambda: {"lr": 6e-4 * lr})
+    cfg = SimpleNamespace(train=SimpleNamespace(train_steps=steps), optimizer=opt)
+    return StudyRun(method, label, lr, seed, run_dir, cfg)
+
+
+SETTING = {
+    "experiment": "peers_gpt345m_owt", "scale": "tiny", "model": "tiny_gpt", "params": 1_000_000,
+    "vocab": 1024, "tokenizer": "bytebpe1k", "data": "data/x", "steps": 4, "warmup_steps": 1,
+    "ranks": 2, "tokens_per_step": 1024, "lr": 6e-4, "seeds": [1, 2], "lr_scales": [1.0, 2.0],
+    "overrides": [],
+    "paper_shapes": [{"name": "GPT-345M", "shape": "gpt-345m", "params": 355_000_000,
+                      "world_size": 32}],
+}  # fmt: skip
+
+
+def _doc(tmp_path, runs_spec, **kw):
+    from pipelines.studies.peers_report import frontier
+
+    runs = [_fake_run(tmp_path, *spec) for spec in runs_spec]
+    doc = frontier(
+        runs, code={"version": "v1", "current": "v1", "other_versions": {}}, setting=SETTING,
+        unigram={"nats": 6.0, "tokens": 1000, "split": "train", "data": "data/x"},
+        projections={"adams": {"GPT-345M": 2.8e9}, "dgc99": {"GPT-345M": 8.8e8}},
+        formula_here={"adams": 1000.0, "dgc99": 10.0}, command="cmd", **kw,
+    )  # fmt: skip
+    return runs, doc
+
+
+def test_frontier_pairs_gaps_by_seed_at_each_methods_chosen_lr(tmp_path):
+    nan = float("nan")
+    _, doc = _doc(tmp_path, [
+        ("adams", "AdamS", 1.0, 1, 5.0), ("adams", "AdamS", 1.0, 2, 5.2),
+        ("adams", "AdamS", 2.0, 1, 4.0), ("adams", "AdamS", 2.0, 2, 4.4),  # x2 wins, at the edge
+        ("dgc99", "DGC-99", 1.0, 1, 4.4), ("dgc99", "DGC-99", 1.0, 2, 4.4),
+        ("dgc99", "DGC-99", 2.0, 1, 3.0), ("dgc99", "DGC-99", 2.0, 2, nan),  # diverged: not chosen
+        ("dgc99", "DGC-99", 0.5, 1, 4.8), ("dgc99", "DGC-99", 0.5, 2, 4.8),
+    ])  # fmt: skip
+    adams, dgc = doc["methods"]
+    assert (adams["lr_scale"], adams["closed"], adams["grid"]) == (2.0, False, [1.0, 2.0])
+    assert adams["lr"] == pytest.approx(1.2e-3)
+    assert (dgc["lr_scale"], dgc["closed"]) == (1.0, True)  # x2's mean is inf, x0.5's is worse
+    assert dgc["gap_pct"]["per_seed"] == {"1": pytest.approx(10.0), "2": pytest.approx(0.0)}
+    assert dgc["gap_pct"]["mean"] == pytest.approx(5.0) and dgc["gap_pct"]["max"] == pytest.approx(
+        10.0
+    )
+    assert adams["final"]["mean"] == pytest.approx(4.2) and adams["final"]["diverged"] == 0
+    assert dgc["runs"] == ["DGC-99-lr1-seed1", "DGC-99-lr1-seed2"]
+    assert doc["code"]["commits"] == [{"commit": "abc1234567890", "dirty": False, "runs": 4}]
+
+
+def test_an_unfinished_run_is_not_counted(tmp_path):
+    from pipelines.studies.peers_report import final_val_loss, lr_choices
+
+    runs, _ = _doc(tmp_path, [("adams", "AdamS", 1.0, 1, 5.0), ("adams", "AdamS", 2.0, 1, 4.0)])
+    (runs[1].run_dir / "summary.json").write_text('{"status": "preempted", "step": 2}')
+    assert final_val_loss(runs[1]) is None
+    assert lr_choices(runs)["adams"].grid == (1.0,)
+
+
+def test_frontier_prose_reads_every_figure_from_the_json(tmp_path):
+    """Change the JSON's values and the table and caption print the changed figures."""
+    import copy
+
+    from pipelines.studies.peers_report import frontier_block, frontier_caption, frontier_table
+
+    _, doc = _doc(tmp_path, [
+        ("adams", "AdamS", 1.0, 1, 5.0), ("adams", "AdamS", 1.0, 2, 5.2),
+        ("dgc99", "DGC-99", 1.0, 1, 5.5), ("dgc99", "DGC-99", 1.0, 2, 5.2),
+    ])  # fmt: skip
+    text = frontier_table(doc) + frontier_caption(doc)
+    assert "+5.00% ± 7.07 (+0.00 to +10.00)" in text and "5.100 ± 0.141 (2)" in text
+    assert "6.000 nats/token" in text and "ends 0.90 nats below it" in text
+    assert "880.0 MB" in text and "2.8 GB" in text and "x1 (grid open)" in text
+    assert "abc1234567: 4 runs" in text and "Incomplete (grid open: AdamS, DGC-99)" in text
+    changed = copy.deepcopy(doc)
+    changed["unigram"]["nats"] = 7.25
+    changed["setting"].update(steps=1234, params=2_345_678, seeds=[1, 2, 3])
+    d = changed["methods"][1]
+    d["gap_pct"].update(mean=3.21, sd=0.5, min=2.5, max=4.75)
+    d["bytes"]["projected"]["GPT-345M"] = 4.56e8
+    d["bytes"]["measured_mean"] = 12_345.0
+    changed["methods"][0]["final"]["mean"] = 6.5
+    changed["code"]["commits"] = [{"commit": "fedcba9876543", "dirty": True, "runs": 7}]
+    text = frontier_table(changed) + frontier_caption(changed)
+    for figure in ("+3.21% ± 0.50 (+2.50 to +4.75)", "7.250 nats/token", "ends 0.75 nats below",
+                   "456.0 MB", "12.3 kB", "1,234 steps", "2,345,678 parameters",
+                   "fedcba9876 (uncommitted changes): 7 runs", "fewer than 3 seeds"):  # fmt: skip
+        assert figure in text, figure
+    for stale in ("+5.00%", "6.000 nats", "880.0 MB", "abc1234567"):
+        assert stale not in text, stale
+    assert frontier_block(changed).startswith("![")
+
+
+def test_frontier_figure_is_drawn(tmp_path):
+    from pipelines.studies.peers_report import plot_frontier
+
+    _, doc = _doc(tmp_path, [("adams", "AdamS", 1.0, 1, 5.0), ("dgc99", "DGC-99", 1.0, 1, 5.5)])
+    plot_frontier(doc, tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+
+
+def test_report_fills_the_readme_block_only_once_there_is_a_result(tmp_path):
+    from pipelines.studies.peers_report import report
+
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# Peers\n<!-- frontier:begin -->\nnot run yet\n<!-- frontier:end -->\ntail\n"
+    )
+    kw = dict(code={"version": "v1", "current": "v1", "other_versions": {}}, setting=SETTING,
+              unigram={"nats": 6.0, "tokens": 1000, "split": "train", "data": "data/x"},
+              projections={}, formula_here={}, readme=readme)  # fmt: skip
+    pending = [_fake_run(tmp_path / "a", "adams", "AdamS", 1.0, 1, 5.0)]
+    (pending[0].run_dir / "summary.json").unlink()
+    report(pending, tmp_path / "out1", [], "cmd", **kw)
+    assert "not run yet" in readme.read_text()
+    done = [_fake_run(tmp_path / "b", "adams", "AdamS", 1.0, 1, 5.0)]
+    report(done, tmp_path / "out2", [], "cmd", **kw)
+    text = readme.read_text()
+    assert "not run yet" not in text and "![gap to dense AdamS" in text and text.endswith("tail\n")
+    assert {p.name for p in (tmp_path / "out2").iterdir()} >= {
+        "frontier.json", "frontier.md", "frontier.png", "peers.md", "loss_vs_bytes.png"
+    }  # fmt: skip
