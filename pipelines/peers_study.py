@@ -47,6 +47,7 @@ from pipelines.studies.peers_report import REFERENCE, StudyRun, final_val_loss, 
 from pipelines.training.config import ConfigError, PretrainConfig, compose
 
 __all__ = [
+    "STUDY_METHODS",
     "STUDY_SOURCES",
     "PeersStudyConfig",
     "grid_extensions",
@@ -83,6 +84,10 @@ STUDY_OVERRIDES = [
     "train.train_steps=400", "train.eval_interval=50",
 ]  # fmt: skip
 
+# The experiment's sweep (what `make bench-peers-cluster` times) and dense AdamW.
+STUDY_METHODS = ["adams", "adamw", "scape90", "scape99", "powersgd_r1", "powersgd_r2",
+                 "powersgd_r4", "dgc90", "dgc99", "onebit"]  # fmt: skip
+
 PAPER_SHAPES = (("GPT-345M", "gpt-345m"), ("Llama-1.8B", "llama-1.8b"))
 PAPER_WORLD_SIZE = 32
 
@@ -91,7 +96,7 @@ PAPER_WORLD_SIZE = 32
 class PeersStudyConfig:
     experiment: str = "peers_gpt345m_owt"
     scale: str = "tiny"
-    methods: list[str] = field(default_factory=list)  # empty: the experiment's sweep
+    methods: list[str] = field(default_factory=lambda: list(STUDY_METHODS))  # []: the sweep
     seeds: list[int] = field(default_factory=lambda: [1234, 1235, 1236])
     lr_scales: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
     close_grids: int = 3  # rounds of grid extension (x0.5 / x2 on every seed) at most

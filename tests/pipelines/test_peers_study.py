@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipelines.peers_study import (
+    STUDY_METHODS,
     STUDY_OVERRIDES,
     STUDY_SOURCES,
     PeersStudyConfig,
@@ -101,6 +102,9 @@ def test_the_yaml_and_the_schema_agree_on_the_setting():
     default = PeersStudyConfig()
     assert list(yaml.overrides) == STUDY_OVERRIDES == default.overrides
     assert list(yaml.lr_scales) == default.lr_scales and yaml.close_grids == default.close_grids
+    assert list(yaml.methods) == STUDY_METHODS == default.methods
+    sweep = list(OmegaConf.load(REPO / "conf" / "experiment" / "peers_gpt345m_owt.yaml").sweep)
+    assert [m for m in STUDY_METHODS if m != "adamw"] == sweep  # every peer, and AdamW
 
 
 def test_quick_study_runs_both_methods_through_pretrain(tmp_path, prepared_default, monkeypatch):
