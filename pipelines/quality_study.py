@@ -138,18 +138,27 @@ def replay_others(
     ``only_variants`` narrow the set); record the two versions as one where every replay gives
     the same bits, and say where the first one differed otherwise."""
     from pipelines.studies.protocol import UNSTAMPED, record_equivalence
-    from pipelines.studies.quality_report import load_runs, read_run
+    from pipelines.studies.quality_report import load_runs, read_run, run_key
     from pipelines.studies.replay import differences, replay_set, spec_of
 
     runs_root, current = out_dir / "runs", str(code["step_code"])
     runs = [r for r in load_runs(runs_root)
             if (not cfg.only_models or r.model in cfg.only_models)
             and (not cfg.only_variants or r.variant in cfg.only_variants)]  # fmt: skip
-    joined = code_classes(load_equivalences(runs_root)).get(current, frozenset({current}))
-    others = sorted({r.step_code for r in runs} - joined - {UNSTAMPED})
+
+    def joined() -> frozenset[str]:
+        return code_classes(load_equivalences(runs_root)).get(current, frozenset({current}))
+
+    # the cheapest replays first: one success joins every version already joined to that one
+    shortest = {c: min(run_key(r).steps for r in runs if r.step_code == c)
+                for c in {r.step_code for r in runs} - joined() - {UNSTAMPED}}  # fmt: skip
+    others = sorted(shortest, key=lambda c: (shortest[c], c))
     if not others:
         print(f"replay: no code version to compare with `{current}`", flush=True)
     for other in others:
+        if other in joined():
+            print(f"replay: `{other}` is joined to `{current}` through another replay", flush=True)
+            continue
         stored = replay_set(runs, other)
         into = Path(cfg.replay_dir) / current
         found = []

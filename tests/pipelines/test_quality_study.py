@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.quality_study import plan_runs
+from pipelines.studies.protocol import record_equivalence
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,7 +153,11 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
 
     # Replay: the runs, stamped as if another code version had made them, are replayed with
     # this code. Same bits: the versions are recorded as one. One logged loss changed: not.
-    for fake, tamper in (("feedbeef0000", False), ("badbadbad000", True)):
+    # cafe00000000 was joined to feedbeef0000 by an earlier replay: replaying one of the two
+    # joins both (the other is skipped)
+    record_equivalence(out / "runs", {"code": "cafe00000000", "same_as": "feedbeef0000",
+                                      "runs": [], "commit": None, "dirty": False})  # fmt: skip
+    for fake, tamper in (("feedbeef0000", False), ("badbadbad000", True), ("cafe00000000", False)):
         (out / "runs" / fake).mkdir()
         for path in runs.glob("*.jsonl"):
             recs = _records(path)
@@ -162,9 +167,13 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
                 "".join(json.dumps(r) + "\n" for r in recs)
             )
     log = _quick(prepared_small, out, "replay=true").stdout
-    assert f"`{runs.name}` computes what `feedbeef0000` did (2 runs, same bits)" in log
+    assert f"`{runs.name}` computes what `cafe00000000` did (2 runs, same bits)" in log
+    assert f"`feedbeef0000` is joined to `{runs.name}` through another replay" in log
     assert f"`{runs.name}` does NOT compute what `badbadbad000` did (1 of 2 runs differ)" in log
     assert "llama__r0ef_99__s0__t12: step 10: loss" in log
-    (joined,) = json.loads((out / "runs" / "equivalent.json").read_text())
-    assert (joined["code"], joined["same_as"]) == (runs.name, "feedbeef0000")
+    pairs = [
+        (r["code"], r["same_as"])
+        for r in json.loads((out / "runs" / "equivalent.json").read_text())
+    ]
+    assert pairs == [("cafe00000000", "feedbeef0000"), (runs.name, "cafe00000000")]
     assert "feedbeef0000" in (out / "summary.md").read_text()  # the report names the replay
