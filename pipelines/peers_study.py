@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.stage import command_line, one_line_errors, register_schema
 from pipelines.studies.peers_report import REFERENCE, StudyRun, final_val_loss, lr_choices, report
+from pipelines.studies.protocol import step_code
 from pipelines.training.config import ConfigError, PretrainConfig, compose
 
 __all__ = [
@@ -114,21 +114,9 @@ class PeersStudyConfig:
 
 
 def study_code(repo: Path | str = REPO) -> str:
-    """A 12-hex digest of :data:`STUDY_SOURCES` (path and content) and the torch and
-    megatron-core versions: two runs with the same digest ran the same arithmetic."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    h = hashlib.sha256()
-    for source in STUDY_SOURCES:
-        path = Path(repo) / source
-        if path.is_file():
-            h.update(source.encode() + b"\0" + path.read_bytes() + b"\0")
-    for package in ("torch", "megatron-core"):
-        try:
-            h.update(f"{package}=={version(package)}".encode())
-        except PackageNotFoundError:
-            h.update(f"{package} missing".encode())
-    return h.hexdigest()[:12]
+    """The code version of a peers run: :func:`~pipelines.studies.protocol.step_code` of
+    :data:`STUDY_SOURCES`."""
+    return step_code(repo, STUDY_SOURCES)
 
 
 def _resolved(cfg: PeersStudyConfig) -> PeersStudyConfig:

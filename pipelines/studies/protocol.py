@@ -60,16 +60,17 @@ STEP_SOURCES = (
 )  # fmt: skip
 
 
-def step_code(repo: Path | str = ".") -> str:
-    """A 12-hex digest of :data:`STEP_SOURCES` (by path and content) and the torch and
-    megatron-core versions: two runs with the same digest ran the same arithmetic, whatever
-    commits they were made at, so their runs may share a table.
+def step_code(repo: Path | str = ".", sources: Iterable[str] = STEP_SOURCES) -> str:
+    """A 12-hex digest of ``sources`` (by path and content; the quality study's
+    :data:`STEP_SOURCES` by default) and the torch and megatron-core versions: two runs with
+    the same digest ran the same arithmetic, whatever commits they were made at, so their
+    runs may share a table.
     (The same computation; on another host the bits may still differ in the last places.)"""
     from importlib.metadata import PackageNotFoundError, version
 
     root = Path(repo)
     h = hashlib.sha256()
-    for source in STEP_SOURCES:
+    for source in sources:
         path = root / source
         if path.is_file():
             h.update(source.encode() + b"\0" + path.read_bytes() + b"\0")
