@@ -571,14 +571,20 @@ def _params(index: RunIndex, model: str) -> str:
 
 def verdict_text(index: RunIndex, models: list[str]) -> str:
     """The verdict in one sentence per sparsity, every figure from ``index``: each SCAPE
-    finalist's paired gap to dense AdamS on every model, at the longest horizon where both
-    were run on every model, with each lr chosen over the seeds there."""
+    finalist's paired gap to dense AdamS on every model, at the longest horizon where every
+    one of their lr grids (dense AdamS's too) is closed on every model, else the longest
+    where all were run (its open grids named), with each lr chosen over the seeds there."""
     horizons = sorted({k.steps for k in index.runs}, reverse=True)
-    steps = next(
-        (h for h in horizons
-         if all(gap_cell(index, m, v, h).gaps for m in models for _, v, _ in VERDICT_METHODS)),
-        None,
-    )  # fmt: skip
+
+    def run(h: int) -> bool:
+        return all(gap_cell(index, m, v, h).gaps for m in models for _, v, _ in VERDICT_METHODS)
+
+    def closed(h: int) -> bool:
+        return run(h) and all(gap_cell(index, m, v, h).closed for m in models
+                              for v in (REFERENCE, *(v for _, v, _ in VERDICT_METHODS)))  # fmt: skip
+
+    # the longest horizon whose every grid is closed; failing that, the longest one run
+    steps = next((h for h in horizons if closed(h)), next((h for h in horizons if run(h)), None))
     if steps is None or not models:
         return (
             "No verdict at one code version yet: the finalists (dense AdamS and SCAPE-90/99 "
@@ -599,7 +605,8 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
             parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({_params(index, model)}; "
                          f"{order}{grid})")  # fmt: skip
         sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
-    commits = ", ".join(c[:10] for c in index.commits) or "an unrecorded commit"
+    made = {r.commit for k, r in index.runs.items() if k.steps == steps and r.commit}
+    commits = ", ".join(c[:10] for c in sorted(made)) or "an unrecorded commit"
     return (
         " ".join(sentences)
         + f" Gaps in final validation loss to dense AdamS at {steps:,} steps, paired by seed, "

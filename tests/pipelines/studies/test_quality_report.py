@@ -178,6 +178,15 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
     other = verdict_text(index(4.2), ["llama", "gpt"])  # other runs, other figures
     assert "+5.0 ± 0.0% (n=2)" in other and "+10.0" not in other
     assert verdict_text(RunIndex([]), ["llama"]).startswith("No verdict at one code version")
+    # A longer horizon run only in part (one lr: every grid open) does not displace a
+    # shorter one whose grids are all closed; with none closed, the longest run is used.
+    partial = [r for m in ("llama", "gpt") for v in ("adams", "scape90", "scape99")
+               for r in _grid(v, m, {1.0: [3.0, 3.0]}, steps=200)]  # fmt: skip
+    closing = [r for m in ("llama", "gpt")
+               for r in _grid("scape90", m, {0.5: [4.1, 4.1], 2.0: [4.1, 4.1]})]  # fmt: skip
+    runs_100 = index(4.4).all_runs
+    assert "at 100 steps" in verdict_text(RunIndex(runs_100 + closing + partial), ["llama", "gpt"])
+    assert "at 200 steps" in verdict_text(RunIndex(runs_100 + partial), ["llama", "gpt"])
 
     readme = tmp_path / "README.md"
     readme.write_text("# T\n<!-- verdict:begin -->\nold\n<!-- verdict:end -->\nrest\n")
