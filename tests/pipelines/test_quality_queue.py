@@ -1,5 +1,5 @@
-"""The quality queue: batches run by two workers that split the runs between them (each run
-trained once), resumable; a bad batch name fails at start-up with the names it knows."""
+"""The quality queue: batches run by two workers over one plan (each run trained once),
+resumable; a bad batch name fails at start-up with the names it knows."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def test_two_workers_split_a_batch_and_a_rerun_trains_nothing(
     ids = [line.split("] ", 2)[-1].split(":")[0] for line in trained]
     assert sorted(ids) == sorted(f"llama__{v}__s{s}__t8" for v in ("adams", "scape99")
                                  for s in (0, 1))  # fmt: skip  # each run once
-    assert {line.split()[3] for line in trained} == {"w0", "w1"}  # both trained some
+    # (which worker trains which run depends on timing; that two never train one run is
+    # tested deterministically on the claims themselves: tests/pipelines/studies/test_claims.py)
+    assert all(line.split()[3] in ("w0", "w1") for line in trained)
     (runs,) = (out / "runs").iterdir()
     assert len(list(runs.glob("*.jsonl"))) == 4 and not list(runs.glob("*.lock"))
     assert all(json.loads(p.read_text().splitlines()[-1])["event"] == "final"
