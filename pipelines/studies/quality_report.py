@@ -634,7 +634,10 @@ def finalists_text(
     models at every horizon; the bf16 wire beside fp32 (where run); the gap against model
     size (where two or more sizes were run)."""
     parts = [
-        f"Finalists at one code version (`{index.code}`; commits "
+        f"Finalists at one code version (`{index.code}`"
+        + "".join(f", with `{c}`" for c in sorted(index.codes - {index.code}))
+        + (", joined by bit-for-bit replays (runs/equivalent.json)" if len(index.codes) > 1 else "")
+        + "; commits "
         f"{', '.join(c[:10] for c in index.commits) or 'unrecorded'}): final validation loss, "
         f"paired gap to dense AdamS (mean ± sd over seeds) and the lr scale chosen by the "
         f"lowest mean final loss over all seeds at that horizon; {clipping(index)}.",

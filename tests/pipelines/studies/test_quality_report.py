@@ -90,6 +90,11 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
     text = index.provenance()
     assert "`ccc` (commit c0ffee1234) replayed 2 runs of `aaa`" in text and "2 of `bbb`" in text
     assert RunIndex(runs).codes == {"aaa"} and len(RunIndex(runs).runs) == 2  # no replay: apart
+    from pipelines.studies.quality_report import finalists_text
+
+    assert "(`aaa`, with `ccc`, joined by bit-for-bit replays" in finalists_text(
+        index, {}, ["m"], [100]
+    )
 
 
 def test_costs_at_the_paper_shape() -> None:
