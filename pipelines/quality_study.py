@@ -283,6 +283,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         out_dir, cfg.variants, labels, study_notes(cfg), finalists=cfg.finalists,
         cost_shape=("Llama-1.8B", count_params(paper), 32), overview=cfg.overview,
         verdict_readmes=(REPO / "README.md",) if committed else (),
+        paper_sizes={name: count_params(SHAPES[key])
+                     for name, key in (("Llama-500M", "llama-500m"), ("Llama-1.8B", "llama-1.8b"))},
     )  # fmt: skip
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return list(index.runs)

@@ -165,6 +165,15 @@ class RunIndex:
             made += f" Left out: runs of other code versions ({other})."
         return made
 
+    def params(self, model: str) -> int | None:
+        """The model's parameter count, as its runs recorded it (None when none did)."""
+        return next((r.header["params"] for k, r in self.runs.items()
+                     if k.model == model and r.header.get("params")), None)  # fmt: skip
+
+    def params_text(self, model: str) -> str:
+        n = self.params(model)
+        return f"{n / 1e6:.2f}M" if n else "size unknown"
+
     def final(self, key: RunKey) -> float | None:
         run = self.runs.get(key)
         if run is None:
@@ -346,8 +355,7 @@ def plot_gap_vs_steps(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    params = {m: index.runs[next(k for k in index.runs if k.model == m)].header.get("params")
-              for m in sizes or []}  # fmt: skip
+    params = {m: index.params(m) for m in sizes or []}
     by_size = len(params) >= 2 and all(params.values())
     panels = len(models) + by_size
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False)
@@ -536,9 +544,9 @@ def _lr_text(cell: GapCell) -> str:
 
 def size_models(index: RunIndex) -> list[str]:
     """The :data:`SIZE_FAMILY` models of the index, smallest first."""
-    params = {r.model: r.header.get("params") or 0 for r in index.runs.values()
+    models = {r.model for r in index.runs.values()
               if r.header.get("family", SIZE_FAMILY) == SIZE_FAMILY}  # fmt: skip
-    return sorted(params, key=params.get)  # type: ignore[arg-type]
+    return sorted(models, key=lambda m: index.params(m) or 0)
 
 
 def size_table(
@@ -555,7 +563,7 @@ def size_table(
             cells = [gap_cell(index, model, v, steps) for v in variants]
             if ref.loss is None or not any(c.gaps for c in cells):
                 continue
-            row = [model, _params(index, model), f"{steps:,}", _lr_text(ref),
+            row = [model, index.params_text(model), f"{steps:,}", _lr_text(ref),
                    *[f"{_fmt_gap(c.gaps)} ({_lr_text(c)})" if c.gaps else "-" for c in cells]]  # fmt: skip
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -563,10 +571,121 @@ def size_table(
 
 VERDICT_METHODS = (("SCAPE-90", "scape90", "90%"), ("SCAPE-99", "scape99", "99%"))
 
+# Student t, two-sided 95%, df = 1..10 (df > 10 uses the last: slightly wide, never narrow)
+T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
 
-def _params(index: RunIndex, model: str) -> str:
-    n = next((r.header.get("params") for k, r in index.runs.items() if k.model == model), None)
-    return f"{n / 1e6:.2f}M" if n else "size unknown"
+
+@dataclass
+class SizeTrend:
+    """One method's paired gap to dense AdamS against log10(parameters) at one horizon:
+    ordinary least squares over every seed's gap at every size (each size at its own lrs)."""
+
+    variant: str
+    steps: int
+    points: list[tuple[int, float]]  # (parameters, gap %), one per seed and size
+
+    def __post_init__(self) -> None:
+        xy = [(math.log10(p), g) for p, g in self.points]
+        self.xbar, ybar = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
+        self.sxx = sum((x - self.xbar) ** 2 for x, _ in xy)
+        self.slope = sum((x - self.xbar) * (y - ybar) for x, y in xy) / self.sxx
+        self.intercept = ybar - self.slope * self.xbar
+        df = len(xy) - 2
+        ssr = sum((y - self.intercept - self.slope * x) ** 2 for x, y in xy)
+        self.resid_var = ssr / df if df > 0 else None
+        self.t = T95[min(df, len(T95)) - 1] if df > 0 else math.inf
+
+    def slope_interval(self) -> tuple[float, float] | None:
+        """95% interval of the slope (gap points per 10x parameters); None with no residual
+        degrees of freedom."""
+        if self.resid_var is None:
+            return None
+        half = self.t * math.sqrt(self.resid_var / self.sxx)
+        return self.slope - half, self.slope + half
+
+    def interval(self, params: int) -> tuple[float, float] | None:
+        """95% interval of the fitted line (the mean gap) at ``params``, were it straight."""
+        if self.resid_var is None:
+            return None
+        x = math.log10(params)
+        fit = self.intercept + self.slope * x
+        half = self.t * math.sqrt(self.resid_var * (1 / len(self.points)
+                                                     + (x - self.xbar) ** 2 / self.sxx))  # fmt: skip
+        return fit - half, fit + half
+
+
+def size_trend(index: RunIndex, variant: str, steps: int) -> SizeTrend | None:
+    """The :class:`SizeTrend` of ``variant`` over the :data:`SIZE_FAMILY` models that ran it
+    at ``steps`` (paired, each at the lr chosen over its seeds); None under two sizes."""
+    points = [(index.params(m), g) for m in size_models(index)
+              for g in gap_cell(index, m, variant, steps).gaps if math.isfinite(g)]  # fmt: skip
+    points = [(p, g) for p, g in points if p]
+    if len({p for p, _ in points}) < 2:
+        return None
+    return SizeTrend(variant, steps, points)  # type: ignore[arg-type]
+
+
+def scale_text(
+    index: RunIndex, labels: dict[str, str], horizons: list[int], paper_sizes: dict[str, int]
+) -> str:
+    """What the sizes measured here say about the paper's: per SCAPE finalist and horizon
+    with two or more sizes, the gap at each size, the fitted slope per 10x parameters with
+    its 95% interval, and where that straight line would put the gap at ``paper_sizes``
+    (an interval, with what it assumes); every figure from ``index``."""
+    sizes = size_models(index)
+    shown = ", ".join(f"{m} ({index.params_text(m)})" for m in sizes) or "none"
+    lines = []
+    for steps in horizons:
+        for label, variant, _ in VERDICT_METHODS:
+            trend = size_trend(index, variant, steps)
+            if trend is None:
+                continue
+            at = []
+            for m in sizes:
+                cell = gap_cell(index, m, variant, steps)
+                ref = gap_cell(index, m, REFERENCE, steps)
+                if cell.gaps:
+                    open_ = "" if cell.closed and ref.closed else ", lr grid open"
+                    at.append(f"{_fmt_gap(cell.gaps)} at {index.params_text(m)}{open_}")
+            band = trend.slope_interval()
+            if band is None:
+                verdict = "one point per size, so no interval"
+            elif band[0] > 0 or band[1] < 0:
+                verdict = ("95% interval [{:+.1f}, {:+.1f}]: the gap {} with size"
+                           .format(*band, "grows" if band[0] > 0 else "shrinks"))  # fmt: skip
+            else:
+                verdict = ("95% interval [{:+.1f}, {:+.1f}]: no trend resolved, the interval "
+                           "holds zero".format(*band))  # fmt: skip
+            largest = max(p for p, _ in trend.points)
+            far = []
+            for name, n in paper_sizes.items():
+                band_at = trend.interval(n)
+                if band_at is not None:
+                    far.append(f"{name} ({n / 1e6:,.0f}M, {math.log10(n / largest):.1f} decades "
+                               f"past the largest size run): [{band_at[0]:+.0f}, "
+                               f"{band_at[1]:+.0f}]%")  # fmt: skip
+            lines.append(
+                f"- **{labels.get(variant, label)}, {steps:,} steps**: " + "; ".join(at)
+                + f". Least squares over the {len(trend.points)} seeds' gaps: "
+                f"{trend.slope:+.1f} points per 10x parameters ({verdict})."
+                + (" Carried straight in log-parameters, the line's 95% interval at "
+                   + "; at ".join(far) + "." if far else "")
+            )  # fmt: skip
+    if not lines:
+        return (f"Sizes of the {SIZE_FAMILY} run at this code version: {shown}. A size trend "
+                "needs two sizes with the same method and horizon; the larger models are "
+                "queued in `conf/quality_queue.yaml` (`make quality-queue`).")  # fmt: skip
+    return "\n".join([
+        f"Sizes of the {SIZE_FAMILY} run at this code version: {shown}; each method at the lr "
+        "chosen over its seeds at each size, gaps paired by seed (`gap_vs_steps.png`, last "
+        "panel).", "", *lines, "",
+        "Those intervals are what a straight line in log-parameters would imply, nothing "
+        "more: they assume the trend measured over these sizes holds for every decade beyond "
+        "them, at the same horizon and data. The paper trains its models far longer than "
+        "these horizons, an axis this fit leaves out (the gap-vs-steps panels show how the "
+        "gap moves with training at the sizes run here). Where an interval holds both signs, "
+        "the runs here do not say whether SCAPE reaches dense level at the paper's scale.",
+    ])  # fmt: skip
 
 
 def verdict_text(index: RunIndex, models: list[str]) -> str:
@@ -602,7 +721,7 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
                      else f"ahead of dense AdamS in {ahead} of {n} seeds")  # fmt: skip
             open_ = [name for name, c in ((label, cell), ("AdamS", ref)) if not c.closed]
             grid = f"; lr grid open for {' and '.join(open_)}" if open_ else ""
-            parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({_params(index, model)}; "
+            parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({index.params_text(model)}; "
                          f"{order}{grid})")  # fmt: skip
         sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
     made = {r.commit for k, r in index.runs.items() if k.steps == steps and r.commit}
@@ -737,10 +856,12 @@ def write_report(
     cost_shape: tuple[str, int, int],
     overview: list[ReadingRow] | None = None,
     verdict_readmes: tuple[Path, ...] = (),
+    paper_sizes: dict[str, int] | None = None,
 ) -> RunIndex:
     """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``; the
     verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` and of each
-    of ``verdict_readmes`` (the project README, when the report is the committed one)."""
+    of ``verdict_readmes`` (the project README, when the report is the committed one); the
+    size trend (:func:`scale_text`, toward ``paper_sizes``) into the README's scale block."""
     index = RunIndex.load(out_dir)
     keys = list(index.runs)
     models = sorted({k.model for k in keys}, key=lambda m: (not m.startswith("llama"), len(m), m))
@@ -782,6 +903,8 @@ def write_report(
         plot_gap_vs_steps(index, final, labels, [m for m in models if m in VERDICT_MODELS],
                           horizons, out_dir / "gap_vs_steps.png", sizes=size_models(index))  # fmt: skip
     text += ["## Divergence", "", divergence_summary(index), ""]
+    scale = scale_text(index, labels, horizons, paper_sizes or {})
+    text += ["## Gap against model size", "", scale, ""]
     stale = staleness_table(index, labels)
     if stale:
         text += ["## Stale replicas (R3)", "", stale, ""]
@@ -802,6 +925,7 @@ def write_report(
         update_block(readme, verdict)
     update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),
                  "finalists")  # fmt: skip
+    update_block(out_dir / "README.md", scale, "scale")
     write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]

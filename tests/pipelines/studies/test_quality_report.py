@@ -295,3 +295,52 @@ def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
     import matplotlib.image
 
     assert matplotlib.image.imread(png).shape[1] > 1.8 * 6.5 * 100  # two panels wide
+
+
+def _three_sizes(gaps: dict[str, list[float]]) -> RunIndex:
+    """AdamS at 4.0 on every seed (grid closed at x1) and SCAPE-99 at 4.0 * (1 + gap/100)."""
+    runs = []
+    for model, params in (("llama", 220_000), ("llama192", 2_000_000), ("llama320", 8_000_000)):
+        n = len(gaps[model])
+        runs += _sized(model, params, "adams", {0.5: [4.2] * n, 1.0: [4.0] * n, 2.0: [4.1] * n})
+        runs += _sized(model, params, "scape99", {1.0: [4.0 * (1 + g / 100) for g in gaps[model]]})
+    return RunIndex(runs)
+
+
+def test_size_trend_is_least_squares_in_log_parameters_with_a_t_interval():
+    import numpy as np
+
+    from pipelines.studies.quality_report import T95, size_trend
+
+    gaps = {"llama": [6.0, 7.0], "llama192": [8.0, 8.5], "llama320": [9.0, 10.5]}
+    trend = size_trend(_three_sizes(gaps), "scape99", 100)
+    xs = np.log10([220_000] * 2 + [2_000_000] * 2 + [8_000_000] * 2)
+    ys = np.array(gaps["llama"] + gaps["llama192"] + gaps["llama320"])
+    slope, intercept = np.polyfit(xs, ys, 1)
+    assert trend.slope == pytest.approx(slope) and trend.intercept == pytest.approx(intercept)
+    resid = ys - (intercept + slope * xs)
+    se = np.sqrt(resid @ resid / 4 / ((xs - xs.mean()) ** 2).sum())
+    lo, hi = trend.slope_interval()
+    assert (lo, hi) == pytest.approx((slope - T95[3] * se, slope + T95[3] * se))
+    at = trend.interval(500_000_000)
+    assert at[0] < intercept + slope * np.log10(5e8) < at[1]
+    assert size_trend(_three_sizes(gaps), "scape90", 100) is None  # never run
+    one_size = RunIndex([r for r in _three_sizes(gaps).all_runs if r.model == "llama"])
+    assert size_trend(one_size, "scape99", 100) is None
+
+
+def test_scale_text_reads_the_trend_and_the_paper_sizes_from_its_inputs():
+    from pipelines.studies.quality_report import scale_text
+
+    paper = {"Llama-500M": 495_000_000}
+    grows = scale_text(_three_sizes({"llama": [6.0, 7.0], "llama192": [8.0, 8.5],
+                                     "llama320": [9.0, 10.5]}), {}, [100], paper)  # fmt: skip
+    assert "**SCAPE-99, 100 steps**: +6.5 ± 0.7% (n=2) at 0.22M" in grows
+    assert "at 8.00M" in grows and "the gap grows with size" in grows
+    assert "Llama-500M (495M, 1.8 decades past the largest size run)" in grows
+    flat = scale_text(_three_sizes({"llama": [6.0, 9.0], "llama192": [9.0, 6.0],
+                                    "llama320": [6.5, 8.5]}), {}, [100], paper)  # fmt: skip
+    assert "no trend resolved, the interval holds zero" in flat and "grows" not in flat
+    assert "+7.5 ± 2.1% (n=2) at 0.22M" in flat
+    none = scale_text(RunIndex([]), {}, [100], paper)
+    assert none.startswith("Sizes of the llama run at this code version: none.")
