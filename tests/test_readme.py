@@ -176,13 +176,25 @@ def test_every_optimizer_the_readme_names_is_a_config():
     assert not missing, f"README.md names optimizers {missing} that conf/optimizer/ lacks"
 
 
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a markdown file's headings: lower case, punctuation dropped,
+    spaces to hyphens."""
+    heads = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
 def test_every_path_link_and_module_the_readme_names_exists():
     text = _text()
     top = {p.name for p in REPO.iterdir()}
     problems = []
     for target in re.findall(r"\]\(([^)]+)\)", text):
-        if not target.startswith(("http://", "https://", "#")) and not (REPO / target).exists():
+        if target.startswith(("http://", "https://", "#")):
+            continue
+        path, _, anchor = target.partition("#")
+        if not (REPO / path).exists():
             problems.append(f"link {target}")
+        elif anchor and anchor not in _anchors(REPO / path):
+            problems.append(f"link {target} (no such heading)")
     for span in _inline_spans(text) + [w for c in _block_commands(text) for w in c.split()]:
         for token in span.split():
             token = token.strip(",;:()")

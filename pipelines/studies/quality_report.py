@@ -792,28 +792,64 @@ RECIPE_MIN_STEPS = 1500  # the shortest horizon whose lr ratio becomes the confi
 
 
 def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
-    """SCAPE's lr over dense AdamS's, per SCAPE finalist: the ratio of the chosen lrs on
-    every model at the longest horizon where both grids are closed on every model. A rule
-    only where every model agrees (then ``multiplier`` is it, for conf/optimizer/<variant>.yaml's
-    ``lr_multiplier``); otherwise ``multiplier`` is None and the ratios say how far apart.
-    Horizons under :data:`RECIPE_MIN_STEPS` give evidence, never a rule: the best lr moves
-    with the horizon (dense AdamS's halved from 300 to 1,500 steps in the search)."""
+    """SCAPE's lr over dense AdamS's, per SCAPE finalist and per model that ran it (``models``:
+    the small ones and every size): the ratio of the chosen lrs at the model's longest
+    horizon where both grids are closed (``ratios``, at ``steps``; None where none is). A
+    rule (``multiplier``, for conf/optimizer/<variant>.yaml's ``lr_multiplier``) only where
+    every such model has a ratio at >= :data:`RECIPE_MIN_STEPS` and all agree: shorter
+    horizons give evidence, never a rule (the best lr moves with the horizon)."""
     out: dict[str, Any] = {"code": index.code, "commits": index.commits,
                            "min_steps": RECIPE_MIN_STEPS, "methods": {}}  # fmt: skip
     horizons = sorted({k.steps for k in index.runs}, reverse=True)
     for _, variant, _ in VERDICT_METHODS:
-        entry: dict[str, Any] = {"multiplier": None, "steps": None, "ratios": {}}
-        for steps in horizons:
-            cells = {m: (index.lr_choice(m, variant, steps), index.lr_choice(m, REFERENCE, steps))
-                     for m in models}  # fmt: skip
-            if models and all(c and r and c.closed and r.closed for c, r in cells.values()):
-                ratios = {m: c.lr / r.lr for m, (c, r) in cells.items()}  # type: ignore[union-attr]
-                agree = len(set(ratios.values())) == 1 and steps >= RECIPE_MIN_STEPS
-                rule = next(iter(ratios.values())) if agree else None
-                entry = {"multiplier": rule, "steps": steps, "ratios": ratios}
-                break
-        out["methods"][variant] = entry
+        ratios: dict[str, float | None] = {}
+        steps: dict[str, int | None] = {}
+        for model in models:
+            if not any((k.model, k.variant) == (model, variant) for k in index.runs):
+                continue
+            ratios[model] = steps[model] = None
+            for h in horizons:
+                c, r = index.lr_choice(model, variant, h), index.lr_choice(model, REFERENCE, h)
+                if c and r and c.closed and r.closed:
+                    ratios[model], steps[model] = c.lr / r.lr, h
+                    break
+        agree = (bool(ratios) and len(set(ratios.values())) == 1
+                 and all(h is not None and h >= RECIPE_MIN_STEPS for h in steps.values()))  # fmt: skip
+        out["methods"][variant] = {"multiplier": next(iter(ratios.values())) if agree else None,
+                                   "ratios": ratios, "steps": steps}  # fmt: skip
     return out
+
+
+def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) -> str:
+    """The recipe in a sentence per SCAPE finalist, every figure from ``rec``
+    (:func:`recipe`): the rule the configs carry, or the ratios seen and how to tune."""
+    lines = []
+    for label, variant, _ in VERDICT_METHODS:
+        entry = rec["methods"].get(variant)
+        if not entry or not entry["ratios"]:
+            lines.append(f"- **{label}**: not run at this code version.")
+            continue
+        seen = "; ".join(
+            f"{m} ({index.params_text(m)}): "
+            + ("grids not closed at any horizon" if r is None else f"x{r:g} at {h:,} steps")
+            for m, r, h in ((m, r, entry["steps"][m]) for m, r in entry["ratios"].items())
+        )  # fmt: skip
+        if entry["multiplier"] is not None:
+            lines.append(f"- **{label}**: lr x{entry['multiplier']:g} dense AdamS's on every "
+                         f"model ({seen}); `conf/optimizer/{variant}.yaml` carries it as "
+                         "`lr_multiplier`.")  # fmt: skip
+            continue
+        known = sorted({r for r in entry["ratios"].values() if r is not None})
+        tune = (f"sweep `optimizer.lr_multiplier` over x{known[0] / 2:g}-x{known[-1] * 2:g} "
+                "(the ratios seen, a factor of 2 either side)" if known else
+                "sweep `optimizer.lr_multiplier` (e.g. 0.5, 1, 2, 4)")  # fmt: skip
+        why = ("the models disagree" if len(known) > 1 else
+               f"not yet closed at >= {rec['min_steps']:,} steps on every model")  # fmt: skip
+        lines.append(f"- **{label}**: no rule ({why}: {seen}); the config keeps "
+                     f"`lr_multiplier` 1. To tune it on your model, {tune}.")  # fmt: skip
+    return "\n".join([
+        "SCAPE's best lr over dense AdamS's best, each chosen over the seeds, per model at its "
+        "longest horizon where both lr grids are closed (`recipe.json`):", "", *lines])  # fmt: skip
 
 
 def divergence_summary(index: RunIndex) -> str:
@@ -918,9 +954,9 @@ def write_report(
     (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
     verdict_models = [m for m in models if m in VERDICT_MODELS]
     verdict = verdict_text(index, verdict_models)
-    (out_dir / "recipe.json").write_text(
-        json.dumps(recipe(index, verdict_models), indent=1) + "\n", encoding="utf-8"
-    )
+    rec = recipe(index, verdict_models + [m for m in size_models(index) if m not in verdict_models])
+    (out_dir / "recipe.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+    update_block(out_dir / "README.md", recipe_text(rec, index, labels), "recipe")
     for readme in (out_dir / "README.md", *verdict_readmes):
         update_block(readme, verdict)
     update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),

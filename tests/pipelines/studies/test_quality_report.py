@@ -205,7 +205,7 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
 
 
 def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
-    from pipelines.studies.quality_report import recipe
+    from pipelines.studies.quality_report import recipe, recipe_text
 
     runs = []
     for model in ("llama", "gpt"):
@@ -213,13 +213,25 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
         runs += _grid("scape99", model, {1.0: [5.0, 5.0], 2.0: [4.5, 4.5], 4.0: [4.9, 4.9]})
         runs += _grid("scape90", model, {1.0: [4.0, 4.0]})  # one point: never closed
     short = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
-    assert short == {"multiplier": None, "steps": 100, "ratios": {"llama": 2.0, "gpt": 2.0}}
+    assert short == {"multiplier": None, "steps": {"llama": 100, "gpt": 100},
+                     "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     for run in runs:  # the same runs at a horizon long enough for a rule
         run.header["steps"] = 1500
     out = recipe(RunIndex(runs), ["llama", "gpt"])
-    assert out["methods"]["scape99"] == {"multiplier": 2.0, "steps": 1500,
+    assert out["methods"]["scape99"] == {"multiplier": 2.0, "steps": {"llama": 1500, "gpt": 1500},
                                          "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     assert out["methods"]["scape90"]["multiplier"] is None and out["code"] == "v"
+    assert out["methods"]["scape90"]["ratios"] == {"llama": None, "gpt": None}
+    text = recipe_text(out, RunIndex(runs), {})
+    assert "**SCAPE-99**: lr x2 dense AdamS's on every model" in text
+    assert "**SCAPE-90**: no rule" in text and "llama (0.22M): grids not closed" in text
+    # a third model that ran the method, with a closed grid at another ratio, withdraws it
+    big = _grid("adams", "llama192", {0.5: [4.2], 1.0: [4.0], 2.0: [4.1]}, steps=1500)
+    big += _grid("scape99", "llama192", {2.0: [4.6], 4.0: [4.4], 8.0: [4.7]}, steps=1500)
+    both = recipe(RunIndex(runs + big), ["llama", "gpt", "llama192"])["methods"]["scape99"]
+    assert both["multiplier"] is None and both["ratios"]["llama192"] == 4.0
+    assert "x1-x8" in recipe_text({"methods": {"scape99": both}, "min_steps": 1500},
+                                  RunIndex(runs + big), {})  # fmt: skip
     runs = [r for r in runs if not (r.model == "gpt" and r.variant == "scape99"
                                     and r.header["lr_scale"] == 1.0)]  # fmt: skip
     runs += _grid("scape99", "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]}, steps=1500)  # x1 now
