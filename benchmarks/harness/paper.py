@@ -4,8 +4,7 @@ ring accounting, :func:`scape.comm.step_bytes_per_rank`), the optimizers' memory
 
 from __future__ import annotations
 
-import math
-
+from pipelines.studies.peers_bytes import megatron_buckets  # one formula for both
 from scape.basis import selected_count
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
@@ -16,16 +15,6 @@ __all__ = ["PAPER_MODELS", "SCAPE_STEP", "dense_bytes", "megatron_buckets", "sca
 PAPER_MODELS = ("gpt-345m", "llama-500m", "llama-1.8b")
 SCAPE_STEP = "R6"  # the library's step these formulas and overhead.json's timings are for
 VALUE_KINDS = (GRAD_VALUES, PARAM_VALUES)
-
-
-def megatron_buckets(n_params: int, world_size: int) -> list[int]:
-    """Bucket sizes as Megatron's DDP makes them: max(40M, 1M * W) elements, padded to lcm(W, 128)."""
-    bucket = max(40_000_000, 1_000_000 * world_size)
-    pad = math.lcm(world_size, 128)
-    sizes = [bucket] * (n_params // bucket)
-    if n_params % bucket:
-        sizes.append(n_params % bucket)
-    return [math.ceil(s / pad) * pad for s in sizes]
 
 
 def selected_per_shard(shards: list[int], sparsity: float) -> list[int]:
