@@ -26,7 +26,6 @@ import math
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.training.provenance import git_version  # noqa: E402
 from scape.adams import adams_update_  # noqa: E402
 from scape.basis import ShardBasis  # noqa: E402
 from scape.config import coefficients_per_chunk  # noqa: E402
@@ -61,12 +61,8 @@ def environment() -> dict:
         env["megatron_core"] = version("megatron-core")
     except Exception as err:  # noqa: BLE001 - report, don't fail
         env["megatron_core"] = f"unavailable: {err}"
-    try:
-        env["git_commit"] = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        env["git_commit"] = None
+    version = git_version(ROOT)
+    env["git_commit"], env["git_dirty"] = version["commit"], version["dirty"]
     return env
 
 
