@@ -223,4 +223,4 @@ gpu-wheels:
 		--platform manylinux_2_28_$(ARCH) -r requirements/mcore-latest.txt -d vendor/wheels
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MCORE_VENV)
