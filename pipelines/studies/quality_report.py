@@ -734,6 +734,46 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
     )
 
 
+def clip_share(run: RunLog, clip: float) -> tuple[float, float] | None:
+    """(share of the run's logged steps whose pre-clip norm exceeded ``clip``, their median
+    pre-clip norm); None when it logged no norm. Dense logs its reduced gradient's norm,
+    SCAPE its update q's, both before clipping: the share is how often the clip acted."""
+    norms = [s["grad_norm"] for s in run.steps
+             if isinstance(s.get("grad_norm"), float) and math.isfinite(s["grad_norm"])]  # fmt: skip
+    if not norms:
+        return None
+    return sum(n > clip for n in norms) / len(norms), statistics.median(norms)
+
+
+def clip_table(
+    index: RunIndex, variants: list[str], labels: dict[str, str], models: list[str],
+    horizons: list[int],
+) -> str:  # fmt: skip
+    """How often the clip acted, per variant at its chosen lr, per model and horizon: the
+    mean over seeds of the share of logged steps clipped, and the median pre-clip norm."""
+    clip = next(iter(sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
+                             for r in index.runs.values()} - {None})), None)  # fmt: skip
+    if not clip:
+        return ""
+    head = ["variant", *[f"{m} {h}" for m in models for h in horizons]]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for variant in variants:
+        cells = []
+        for model in models:
+            for steps in horizons:
+                lr = index.best_lr(model, variant, steps)
+                shares = [] if lr is None else [
+                    clip_share(index.runs[RunKey(model, variant, steps, lr, s)], clip)
+                    for s in index.seeds(model, variant, steps, lr)]  # fmt: skip
+                shares = [x for x in shares if x is not None]
+                cells.append("-" if not shares else
+                             f"{100 * statistics.fmean(x[0] for x in shares):.0f}% "
+                             f"({statistics.median(x[1] for x in shares):.2f})")  # fmt: skip
+        if any(c != "-" for c in cells):
+            lines.append("| " + " | ".join([labels.get(variant, variant), *cells]) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def clipping(index: RunIndex) -> str:
     """The clipping policy the runs used, read from their settings."""
     clips = sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
@@ -782,6 +822,12 @@ def finalists_text(
     if noise:
         parts += ["", "Seed noise: dense AdamS's final loss varies over seeds (sd, at its chosen "
                   "lr) by " + "; ".join(noise) + ". " + divergence_summary(index)]  # fmt: skip
+    clipped = clip_table(index, [REFERENCE, *VERDICT_FINALISTS], labels, models, horizons)
+    if clipped:
+        parts += ["", "How often the clip acted: the share of logged steps whose "
+                  "pre-clip norm exceeded it, mean over seeds, and the median pre-clip norm, "
+                  "each method at its chosen lr (dense: the reduced gradient's norm; SCAPE: "
+                  "its update q's).", "", clipped]  # fmt: skip
     if len(size_models(index)) >= 2:
         parts += ["", f"Gap against model size ({SIZE_FAMILY}; `gap_vs_steps.png`, last panel):",
                   "", size_table(index, ["scape90", "scape99"], labels, horizons)]  # fmt: skip

@@ -356,3 +356,21 @@ def test_scale_text_reads_the_trend_and_the_paper_sizes_from_its_inputs():
     assert "+7.5 ± 2.1% (n=2) at 0.22M" in flat
     none = scale_text(RunIndex([]), {}, [100], paper)
     assert none.startswith("Sizes of the llama run at this code version: none.")
+
+
+def test_clip_table_counts_the_logged_steps_whose_pre_clip_norm_exceeded_the_clip():
+    from pipelines.studies.quality_report import clip_share, clip_table, finalists_text
+
+    runs = _sized("llama", 220_000, "adams", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
+    runs += _sized("llama", 220_000, "scape99", {1.0: [4.4, 4.4]})
+    for run in runs:  # clip_grad is 0.5 in _sized's settings
+        norms = [0.4, 0.6, 0.7, 0.2] if run.variant == "scape99" else [0.1, 0.2, 0.3, 0.9]
+        run.steps = [{"step": 10 * i, "grad_norm": n} for i, n in enumerate(norms)]
+    assert clip_share(runs[-1], 0.5) == (0.5, 0.5)
+    table = clip_table(RunIndex(runs), ["adams", "scape99"], {"scape99": "SCAPE-99"},
+                       ["llama"], [100])  # fmt: skip
+    assert "| adams | 25% (0.25) |" in table and "| SCAPE-99 | 50% (0.50) |" in table
+    assert "How often the clip acted" in finalists_text(RunIndex(runs), {}, ["llama"], [100])
+    for run in runs:
+        run.steps = [{"step": 10, "loss": 4.0}]  # no norm logged: no table
+    assert clip_table(RunIndex(runs), ["adams"], {}, ["llama"], [100]) == ""
