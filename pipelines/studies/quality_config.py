@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,13 @@ class VariantSpec:
     # closed) instead of the study's lr grid: a variant that changes one thing of another
     # (the bf16 wire of SCAPE) is compared with it at its lr, paired by seed.
     lr_of: str = ""
+    # The clip norm of this variant's runs when not the scale's ``clip_grad`` (0: no
+    # clipping): the clipping policy's effect, each arm against itself with it.
+    clip_grad: float | None = None
 
     def __post_init__(self) -> None:
+        if self.clip_grad is not None and self.clip_grad < 0:
+            raise ValueError(f"clip_grad={self.clip_grad}: use 0 (no clipping) or a norm > 0")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}: use one of {', '.join(METHODS)}")
         if self.method in ("adamw", "adams") and self.options:
@@ -190,6 +195,12 @@ class RunSpec:
     scale: ScaleConfig
     data_dir: str
     lr_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        # a variant's own clip norm is a setting of its runs: it replaces the scale's here, so
+        # the run, its header's settings and its fingerprint all carry it
+        if self.variant.clip_grad is not None:
+            object.__setattr__(self, "scale", replace(self.scale, clip_grad=self.variant.clip_grad))
 
     @property
     def run_id(self) -> str:

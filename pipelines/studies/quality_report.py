@@ -483,53 +483,63 @@ def staleness_table(index: RunIndex, labels: dict[str, str]) -> str:
 
 VERDICT_MODELS = ("llama", "gpt")  # the two small models every finalist is run on
 WIRE_PAIRS = (("scape90", "scape90_bf16"), ("scape99", "scape99_bf16"))  # (fp32, bf16 wire)
+# (clipped, unclipped) at the clipped one's lr: the clipping policy's effect on each finalist
+CLIP_PAIRS = (
+    ("adams", "adams_noclip"),
+    ("scape90", "scape90_noclip"),
+    ("scape99", "scape99_noclip"),
+)
 
 
 def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def wire_rows(index: RunIndex, models: list[str], steps: int) -> list[dict[str, Any]]:
-    """The bf16 wire against the fp32 wire at one horizon, per model and sparsity, paired by
-    seed at the bf16 runs' lr (the fp32 wire's chosen one, ``lr_of``): each wire's mean
-    final loss, the mean and sd of the per-seed difference bf16 - fp32 (nats), the fp32
-    wire's sd over seeds, ``within`` (|mean difference| <= that sd) and bytes per step."""
+def paired_rows(
+    index: RunIndex, models: list[str], steps: int, pairs: tuple[tuple[str, str], ...]
+) -> list[dict[str, Any]]:
+    """Each (base, changed) variant pair at one horizon, per model, paired by seed at the
+    changed runs' lr (the base's chosen one, ``lr_of``): each side's mean final loss, the
+    mean and sd of the per-seed difference changed - base (nats), the base's sd over seeds,
+    ``within`` (|mean difference| <= that sd) and bytes per step of each."""
     rows = []
     for model in models:
-        for fp32, bf16 in WIRE_PAIRS:
+        for base, changed in pairs:
             lrs = sorted({k.lr_scale for k in index.runs
-                          if (k.model, k.variant, k.steps) == (model, bf16, steps)})  # fmt: skip
+                          if (k.model, k.variant, k.steps) == (model, changed, steps)})  # fmt: skip
             for lr in lrs:
-                seeds = [s for s in index.seeds(model, bf16, steps, lr)
-                         if RunKey(model, fp32, steps, lr, s) in index.runs]  # fmt: skip
+                seeds = [s for s in index.seeds(model, changed, steps, lr)
+                         if RunKey(model, base, steps, lr, s) in index.runs]  # fmt: skip
                 if not seeds:
                     continue
-                keys = {w: [RunKey(model, w, steps, lr, s) for s in seeds] for w in (fp32, bf16)}
-                loss = {w: [index.final(k) for k in ks] for w, ks in keys.items()}
-                diff = [b - a for a, b in zip(loss[fp32], loss[bf16], strict=True)]  # type: ignore[operator]
-                sd = _sd(loss[fp32])  # type: ignore[arg-type]
+                keys = {v: [RunKey(model, v, steps, lr, s) for s in seeds] for v in (base, changed)}
+                loss = {v: [index.final(k) for k in ks] for v, ks in keys.items()}
+                diff = [b - a for a, b in zip(loss[base], loss[changed], strict=True)]  # type: ignore[operator]
+                sd = _sd(loss[base])  # type: ignore[arg-type]
                 rows.append({
-                    "model": model, "variant": fp32, "lr": lr, "seeds": seeds,
-                    "fp32": statistics.fmean(loss[fp32]), "bf16": statistics.fmean(loss[bf16]),  # type: ignore[arg-type]
-                    "diff": statistics.fmean(diff), "diff_sd": _sd(diff), "fp32_sd": sd,
+                    "model": model, "variant": base, "changed": changed, "lr": lr, "seeds": seeds,
+                    "base": statistics.fmean(loss[base]), "changed_loss": statistics.fmean(loss[changed]),  # type: ignore[arg-type]
+                    "diff": statistics.fmean(diff), "diff_sd": _sd(diff), "base_sd": sd,
                     "within": abs(statistics.fmean(diff)) <= sd,
-                    "bytes": {w: index.runs[ks[0]].steps[-1].get("bytes") for w, ks in keys.items()},
+                    "bytes": {v: index.runs[ks[0]].steps[-1].get("bytes") for v, ks in keys.items()},
                 })  # fmt: skip
     return rows
 
 
-def wire_table(rows: list[dict[str, Any]], labels: dict[str, str]) -> str:
-    head = ["model", "method", "lr x", "seeds", "fp32 wire: loss", "bf16 wire: loss",
-            "bf16 - fp32 (nats, paired)", "fp32's sd over seeds", "within the seeds' spread",
-            "bytes per rank per step, fp32 -> bf16"]  # fmt: skip
+def paired_table(rows: list[dict[str, Any]], labels: dict[str, str], sides: tuple[str, str]) -> str:
+    """``paired_rows`` as a table; ``sides`` names the base and the changed arm."""
+    base, changed = sides
+    head = ["model", "method", "lr x", "seeds", f"{base}: loss", f"{changed}: loss",
+            f"{changed} - {base} (nats, paired)", f"{base}: sd over seeds",
+            "within the seeds' spread", f"bytes per rank per step, {base} -> {changed}"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         b = r["bytes"]
         nbytes = "-" if None in b.values() else " -> ".join(f"{v:,.0f}" for v in b.values())
         lines.append("| " + " | ".join([
             r["model"], labels.get(r["variant"], r["variant"]), f"{r['lr']:g}",
-            str(len(r["seeds"])), f"{r['fp32']:.3f}", f"{r['bf16']:.3f}",
-            f"{r['diff']:+.4f} ± {r['diff_sd']:.4f}", f"{r['fp32_sd']:.4f}",
+            str(len(r["seeds"])), f"{r['base']:.3f}", f"{r['changed_loss']:.3f}",
+            f"{r['diff']:+.4f} ± {r['diff_sd']:.4f}", f"{r['base_sd']:.4f}",
             "yes" if r["within"] else "no", nbytes,
         ]) + " |")  # fmt: skip
     return "\n".join(lines)
@@ -752,7 +762,8 @@ def clip_table(
     """How often the clip acted, per variant at its chosen lr, per model and horizon: the
     mean over seeds of the share of logged steps clipped, and the median pre-clip norm."""
     clip = next(iter(sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
-                             for r in index.runs.values()} - {None})), None)  # fmt: skip
+                             for k, r in index.runs.items() if k.variant in variants} - {None})),
+                None)  # fmt: skip
     if not clip:
         return ""
     head = ["variant", *[f"{m} {h}" for m in models for h in horizons]]
@@ -775,9 +786,11 @@ def clip_table(
 
 
 def clipping(index: RunIndex) -> str:
-    """The clipping policy the runs used, read from their settings."""
-    clips = sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
-                    for r in index.runs.values()} - {None})  # fmt: skip
+    """The clipping policy the runs used, read from their settings (a variant with its own
+    clip norm, the policy's control arm, excepted)."""
+    settings = [r.header.get("settings") or {} for r in index.runs.values()]
+    clips = sorted({s.get("scale", {}).get("clip_grad") for s in settings
+                    if s.get("variant", {}).get("clip_grad") is None} - {None})  # fmt: skip
     at = " / ".join(f"{c:g}" for c in clips) or "an unrecorded norm"
     return (f"every arm clips at a global norm of {at} (dense AdamS and AdamW their reduced "
             f"gradient, SCAPE its update q, the norm read off the one synchronized buffer)")  # fmt: skip
@@ -804,12 +817,20 @@ def finalists_text(
         gap_table(index, [REFERENCE, *VERDICT_FINALISTS], labels, models, horizons),
     ]
     for steps in horizons:
-        rows = wire_rows(index, models, steps)
+        rows = paired_rows(index, models, steps, WIRE_PAIRS)
         if rows:
             within = sum(r["within"] for r in rows)
             parts += ["", f"The bf16 wire at {steps:,} steps, at the fp32 wire's lr, paired by "
                       f"seed: within the fp32 wire's seed spread in {within} of {len(rows)} "
-                      f"cells.", "", wire_table(rows, labels)]  # fmt: skip
+                      f"cells.", "", paired_table(rows, labels, ("fp32 wire", "bf16 wire"))]  # fmt: skip
+    for steps in horizons:
+        rows = paired_rows(index, models, steps, CLIP_PAIRS)
+        if rows:
+            within = sum(r["within"] for r in rows)
+            parts += ["", f"The clip's effect at {steps:,} steps: each method with no clipping, "
+                      f"at its clipped lr, paired by seed; within the clipped runs' seed spread "
+                      f"in {within} of {len(rows)} cells.", "",
+                      paired_table(rows, labels, ("clipped", "unclipped"))]  # fmt: skip
     noise = []
     for model in models:
         for steps in horizons:

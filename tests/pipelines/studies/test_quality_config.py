@@ -90,6 +90,16 @@ def test_stored_runs_keep_their_fingerprints() -> None:
     scape99 = VariantSpec(method="scape", options={"sparsity": 0.99})
     assert RunSpec(gpt, "r0_90", r0_90, 0, small, data, 2.0).fingerprint() == "a1701e0efc224fb5"
     assert RunSpec(gpt, "scape99", scape99, 0, small, data, 0.5).fingerprint() == "5c2b6354941623a1"
+    # a variant's own clip norm is a setting of its runs: clip 0 is another run, and naming
+    # the scale's own norm is the same run as not naming one
+    noclip = VariantSpec(method="scape", options={"sparsity": 0.99}, clip_grad=0.0)
+    unclipped = RunSpec(gpt, "scape99_noclip", noclip, 0, small, data, 0.5)
+    assert unclipped.scale.clip_grad == 0.0 and small.clip_grad == 1.0
+    assert unclipped.fingerprint() != "5c2b6354941623a1"
+    same = VariantSpec(method="scape", options={"sparsity": 0.99}, clip_grad=small.clip_grad)
+    assert RunSpec(gpt, "scape99", same, 0, small, data, 0.5).fingerprint() == "5c2b6354941623a1"
+    with pytest.raises(ValueError, match=r"clip_grad=-1.0: use 0 \(no clipping\)"):
+        VariantSpec(method="adams", clip_grad=-1.0)
 
 
 def test_issue_scale_is_the_issues_10_to_30m_params_and_presets_compose(compose_study) -> None:

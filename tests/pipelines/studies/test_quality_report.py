@@ -261,7 +261,12 @@ def _sized(model: str, params: int, variant: str, losses: dict[float, list[float
 
 
 def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(tmp_path):
-    from pipelines.studies.quality_report import finalists_text, wire_rows, wire_table
+    from pipelines.studies.quality_report import (
+        WIRE_PAIRS,
+        finalists_text,
+        paired_rows,
+        paired_table,
+    )
 
     runs = _sized("llama", 220_000, "adams", {0.5: [4.3, 4.3, 4.3], 1.0: [4.0, 4.1, 4.2],
                                              2.0: [4.4, 4.4, 4.4]})  # fmt: skip
@@ -271,12 +276,12 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     runs += _sized("llama", 220_000, "scape90", {1.0: [4.1, 4.1, 4.1]})
     runs += _sized("llama", 220_000, "scape90_bf16", {1.0: [4.3, 4.3, 4.3]})  # sd 0: outside
     index = RunIndex(runs)
-    (r90, r99) = wire_rows(index, ["llama"], 100)
+    (r90, r99) = paired_rows(index, ["llama"], 100, WIRE_PAIRS)
     assert (r99["variant"], r99["lr"], r99["seeds"]) == ("scape99", 1.0, [0, 1, 2])
-    assert r99["diff"] == pytest.approx(0.05) and r99["fp32_sd"] == pytest.approx(0.1)
+    assert r99["diff"] == pytest.approx(0.05) and r99["base_sd"] == pytest.approx(0.1)
     assert r99["within"] and not r90["within"] and r99["bytes"] == {"scape99": 1000.0,
                                                                     "scape99_bf16": 600.0}  # fmt: skip
-    table = wire_table([r99], {"scape99": "SCAPE-99"})
+    table = paired_table([r99], {"scape99": "SCAPE-99"}, ("fp32 wire", "bf16 wire"))
     assert (
         "| llama | SCAPE-99 | 1 | 3 | 4.300 | 4.350 | +0.0500 ± 0.0000 | 0.1000 | yes | 1,000 -> 600 |"
         in table
@@ -285,6 +290,15 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     assert "within the fp32 wire's seed spread in 1 of 2 cells" in text
     assert "clips at a global norm of 0.5" in text and "Gap against model size" not in text
     assert "lr) by llama 100: 0.100 nats (2.4%). 0 of 27 runs diverged" in text
+    assert "The clip's effect" not in text
+    # the unclipped arms, paired the same way: their own rows and sentence
+    noclip = _sized("llama", 220_000, "scape99_noclip", {1.0: [4.6, 4.7, 4.8]})  # +0.4 each
+    for run in noclip:
+        run.header["settings"] = {"scale": {"clip_grad": 0.0}, "variant": {"clip_grad": 0.0}}
+    text = finalists_text(RunIndex(runs + noclip), {}, ["llama"], [100])
+    assert "clips at a global norm of 0.5 (" in text  # the control arm is not the policy
+    assert "The clip's effect at 100 steps" in text and "in 0 of 1 cells" in text
+    assert "| llama | scape99 | 1 | 3 | 4.300 | 4.700 | +0.4000 ± 0.0000 | 0.1000 | no |" in text
 
 
 def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
