@@ -740,8 +740,11 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
         " ".join(sentences)
         + f" Gaps in final validation loss to dense AdamS at {steps:,} steps, paired by seed, "
         f"each method at the lr of its lowest mean final loss over the seeds; {clipping(index)}; "
-        f"runs of commit {commits} (code version `{index.code}`)."
-    )
+        f"runs of commit {commits} (code version `{index.code}`"
+        + (f", with {', '.join(f'`{c}`' for c in sorted(index.codes - {index.code}))}, which "
+           "replays showed to compute the same bits" if len(index.codes) > 1 else "")
+        + ")."
+    )  # fmt: skip
 
 
 def clip_share(run: RunLog, clip: float) -> tuple[float, float] | None:

@@ -3,6 +3,8 @@ divergence, the lr grid table and the cost of each reading."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pipelines.studies.quality_config import VariantSpec
@@ -94,6 +96,14 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
 
     assert "(`aaa`, with `ccc`, joined by bit-for-bit replays" in finalists_text(
         index, {}, ["m"], [100]
+    )
+    # the same runs standing in for both SCAPE finalists too: a verdict to word
+    index.runs.update({dataclasses.replace(k, variant=v): r
+                       for k, r in list(index.runs.items()) for v in ("scape90", "scape99")})  # fmt: skip
+    from pipelines.studies.quality_report import verdict_text
+
+    assert "(code version `aaa`, with `ccc`, which replays showed to compute the same bits)" in (
+        verdict_text(index, ["m"])
     )
 
 
