@@ -819,21 +819,20 @@ def finalists_text(
         "",
         gap_table(index, [REFERENCE, *VERDICT_FINALISTS], labels, models, horizons),
     ]
-    for steps in horizons:
-        rows = paired_rows(index, models, steps, WIRE_PAIRS)
-        if rows:
-            within = sum(r["within"] for r in rows)
-            parts += ["", f"The bf16 wire at {steps:,} steps, at the fp32 wire's lr, paired by "
-                      f"seed: within the fp32 wire's seed spread in {within} of {len(rows)} "
-                      f"cells.", "", paired_table(rows, labels, ("fp32 wire", "bf16 wire"))]  # fmt: skip
-    for steps in horizons:
-        rows = paired_rows(index, models, steps, CLIP_PAIRS)
-        if rows:
-            within = sum(r["within"] for r in rows)
-            parts += ["", f"The clip's effect at {steps:,} steps: each method with no clipping, "
-                      f"at its clipped lr, paired by seed; within the clipped runs' seed spread "
-                      f"in {within} of {len(rows)} cells.", "",
-                      paired_table(rows, labels, ("clipped", "unclipped"))]  # fmt: skip
+    paired = (  # (pairs, the sides' names, the sentence before the table)
+        (WIRE_PAIRS, ("fp32 wire", "bf16 wire"), "The bf16 wire at {steps:,} steps, at the fp32 "
+         "wire's lr, paired by seed: within the fp32 wire's seed spread in {within} of {n} cells."),
+        (CLIP_PAIRS, ("clipped", "unclipped"), "The clip's effect at {steps:,} steps: each "
+         "method with no clipping, at its clipped lr, paired by seed; within the clipped runs' "
+         "seed spread in {within} of {n} cells."),
+    )  # fmt: skip
+    for pairs, sides, sentence in paired:
+        for steps in horizons:
+            rows = paired_rows(index, models, steps, pairs)
+            if rows:
+                within = sum(r["within"] for r in rows)
+                parts += ["", sentence.format(steps=steps, within=within, n=len(rows)), "",
+                          paired_table(rows, labels, sides)]  # fmt: skip
     noise = []
     for model in models:
         for steps in horizons:
