@@ -911,7 +911,7 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
         known = sorted({r for r in entry["ratios"].values() if r is not None})
         tune = (f"sweep `optimizer.lr_multiplier` over x{known[0] / 2:g}-x{known[-1] * 2:g} "
                 "(the ratios seen, a factor of 2 either side)" if known else
-                "sweep `optimizer.lr_multiplier` (e.g. 0.5, 1, 2, 4)")  # fmt: skip
+                "sweep `optimizer.lr_multiplier` in factors of 2 either side of 1")  # fmt: skip
         why = ("the models disagree" if len(known) > 1 else
                f"not yet closed at >= {rec['min_steps']:,} steps on every model")  # fmt: skip
         lines.append(f"- **{label}**: no rule ({why}: {seen}); the config keeps "
