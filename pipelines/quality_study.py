@@ -246,7 +246,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
                 data.validation_batches(None, batch_size=64),
             )
         start = time.perf_counter()
-        final = train_run(spec, data, *val_cache[s.val_max_sequences], into, code)
+        final = train_run(spec, data, *val_cache[s.val_max_sequences], into, code,
+                          checkpoint_s=cfg.checkpoint_seconds)  # fmt: skip
         print(
             f"[{label}] {spec.run_id}: val {final['final_val_loss']:.4f}"
             f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",

@@ -177,11 +177,19 @@ class QualityStudyConfig:
     # with this code (pipelines.studies.replay), then write the report
     replay: bool = False
     replay_dir: str = "outputs/quality_replay"  # the replays' own runs, per code version
+    # wall seconds between a run's checkpoints (0: at every logged step); an interrupted run
+    # resumes from its last one, bit for bit (quality_run.train_run)
+    checkpoint_seconds: float = 300.0
     report: bool = True  # write summary, plots after the runs
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
     quick_variants: list[str] = field(default_factory=list)
     quick_seeds: list[int] = field(default_factory=lambda: [0])
     quick_out_dir: str = "outputs/quality_quick"
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_seconds < 0:
+            raise ValueError(f"checkpoint_seconds={self.checkpoint_seconds}: use 0 (at every "
+                             "logged step) or more")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,16 @@ forward/backward on one model, their residuals and the owners' masked AdamS, wit
 collectives replaced by sums in rank order. The model is Megatron-Core's GPTModel (the
 project's training engine) in a one-rank gloo group with TP = PP = 1.
 
-Resuming is per run: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
+Resuming: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
 ``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
-skipped, an unfinished one starts again from step 0 (runs here take a minute or two, and a
-restart from scratch cannot mix two code versions in one curve). The study keeps each code
-version's runs in a folder of its own (``runs/<step code>/``, :mod:`.protocol`), and the
-header records the commit: a run is skipped only when the same code made it.
+skipped. Every ``checkpoint_s`` seconds of wall time (at a logged step) it also writes
+``<run_id>.ckpt``: the model, every attribute of the simulator that training changes, the
+divergence rule, the RNG and how much of the log belongs to that step. An interrupted run
+with a checkpoint of the same settings and code version resumes from it, bit for bit (the
+larger models' runs take most of an hour); without one it starts again from step 0. The
+study keeps each code version's runs in a folder of its own (``runs/<step code>/``,
+:mod:`.protocol`), and the header records the commit: a run is skipped only when the same
+code made it, and a checkpoint of other code is never resumed.
 
 A record is written every :data:`LOG_EVERY` steps and at every validation point (the
 divergence rule still sees every step): the committed logs stay small.
@@ -18,6 +22,7 @@ divergence rule still sees every step): the committed logs stay small.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -28,16 +33,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.studies.quality_config import RunSpec, ScaleConfig, scape_config
+from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec, scape_config
 from pipelines.studies.quality_data import Batch, StudyData
 from scape.adams import AdamHParams
 from scape.simulate import Simulator
 
 __all__ = [
     "DivergenceRule",
+    "build_simulator",
     "completed_run",
     "init_megatron_single_process",
+    "load_simulator_state",
     "lr_at",
+    "simulator_state",
     "train_run",
 ]
 
@@ -129,6 +137,53 @@ def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return last
 
 
+_SKIP = object()  # a simulator attribute construction fixes: not in a checkpoint
+_OPTIMIZER = "__optimizer_state__"
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of one simulator attribute that training may change (tensors, numbers, lists of
+    them, a torch optimizer's state), or :data:`_SKIP` (the model, bases, configs: what
+    construction fixes)."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.optim.Optimizer):
+        return {_OPTIMIZER: copy.deepcopy(value.state_dict())}
+    if isinstance(value, (list, tuple)):
+        items = [_snapshot(v) for v in value]
+        return _SKIP if any(i is _SKIP for i in items) else items
+    return _SKIP
+
+
+def _restore(current: Any, saved: Any) -> Any:
+    """``saved`` put back where ``current`` is: tensors of the same shape and dtype are copied
+    in place, so the views of them (the params of SCAPE's flat buffer) stay bound."""
+    if isinstance(saved, dict) and _OPTIMIZER in saved:
+        current.load_state_dict(saved[_OPTIMIZER])
+        return current
+    same = isinstance(current, Tensor) and isinstance(saved, Tensor)
+    if same and current.shape == saved.shape and current.dtype == saved.dtype:
+        return current.copy_(saved)
+    pairs = isinstance(saved, list) and isinstance(current, (list, tuple))
+    if pairs and len(current) == len(saved):
+        return type(current)(_restore(c, v) for c, v in zip(current, saved, strict=True))
+    return saved
+
+
+def simulator_state(sim: Simulator) -> dict[str, Any]:
+    """Every attribute of ``sim`` (any simulator class) that training changes, copied."""
+    state = {k: _snapshot(v) for k, v in vars(sim).items() if k not in ("model", "params")}
+    return {k: v for k, v in state.items() if v is not _SKIP}
+
+
+def load_simulator_state(sim: Simulator, state: dict[str, Any]) -> None:
+    """Put :func:`simulator_state`'s copy back into a simulator built the same way."""
+    for name, saved in state.items():
+        setattr(sim, name, _restore(getattr(sim, name, None), saved))
+
+
 class DivergenceRule:
     """A run has diverged when its loss is non-finite, or when the training loss stays above
     log(vocab) + 1 (worse than guessing uniformly, plus a margin) for ``patience``
@@ -149,6 +204,20 @@ class DivergenceRule:
         return self.streak >= self.patience
 
 
+def build_simulator(
+    model: nn.Module, variant: VariantSpec, world_size: int, hparams: AdamHParams
+) -> Simulator:
+    """The simulator that trains ``model`` as ``variant`` says: a reading's, or the library's
+    (dense AdamS/AdamW, SCAPE)."""
+    if variant.method == "reading":
+        from pipelines.studies.readings import ReadingConfig, build_reading_simulator
+
+        reading = ReadingConfig(**variant.run_options())
+        return build_reading_simulator(model, world_size, hparams, reading)
+    return Simulator(model, world_size, method=variant.method, hparams=hparams,
+                     scape=scape_config(variant))  # fmt: skip
+
+
 def train_run(
     spec: RunSpec,
     data: StudyData,
@@ -156,12 +225,15 @@ def train_run(
     final_val_batches: list[Batch],
     out_dir: Path,
     code: dict[str, Any] | None = None,
+    checkpoint_s: float = 300.0,
 ) -> dict[str, Any]:
     """Train one run, writing its JSONL; return the final record. ``code``: the
     :func:`~pipelines.studies.protocol.code_version` the header records.
 
     ``val_batches`` (a fixed subset, cheap) give the curve every ``eval_interval`` steps;
     ``final_val_batches`` (the whole validation split) give the final validation loss.
+    ``checkpoint_s``: wall seconds between checkpoints (0: at every logged step), from which
+    an interrupted run resumes.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     final_path = out_dir / f"{spec.run_id}.jsonl"
@@ -172,51 +244,63 @@ def train_run(
     model = build_model(spec, data.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     hparams = AdamHParams(**{**scale.shared(), "lr": scale.lr * spec.lr_scale})
-    if spec.variant.method == "reading":
-        from pipelines.studies.readings import ReadingConfig, build_reading_simulator
-
-        reading = ReadingConfig(**spec.variant.run_options())
-        sim = build_reading_simulator(model, scale.world_size, hparams, reading)
-    else:
-        sim = Simulator(
-            model,
-            scale.world_size,
-            method=spec.variant.method,
-            hparams=hparams,
-            scape=scape_config(spec.variant),
-        )
+    sim = build_simulator(model, spec.variant, scale.world_size, hparams)
     tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
-    start = time.perf_counter()
-    skipped, diverged, last_val = 0, False, float("nan")
+    ckpt = out_dir / f"{spec.run_id}.ckpt"
+    start = last_ckpt = time.perf_counter()
+    skipped, diverged, last_val, first, before = 0, False, float("nan"), 0, 0.0
     rule = DivergenceRule(data.vocab_size)
-    with open(partial, "w", encoding="utf-8") as log:
+    resumed = _load_checkpoint(ckpt, partial, spec, code)
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        load_simulator_state(sim, resumed["simulator"])
+        vars(rule).update(resumed["rule"])
+        torch.set_rng_state(resumed["rng"])
+        first, skipped, last_val, before = (resumed[k] for k in ("step", "skipped", "last_val",
+                                                                  "seconds"))  # fmt: skip
+        print(f"{spec.run_id}: resuming at step {first} from its checkpoint", flush=True)
+    with open(partial, "w" if resumed is None else "a", encoding="utf-8") as log:
 
         def write(record: dict[str, Any]) -> None:
             log.write(json.dumps(record) + "\n")
             log.flush()
 
-        write(
-            {
-                "event": "header",
-                "run_id": spec.run_id,
-                "fingerprint": spec.fingerprint(),
-                "model": spec.model.name,
-                "family": spec.model.family,
-                "variant": spec.variant_name,
-                "seed": spec.seed,
-                "steps": scale.steps,
-                "lr_scale": spec.lr_scale,
-                "params": n_params,
-                "code": code,
-                "settings": {
-                    "model": vars(spec.model),
-                    "variant": vars(spec.variant),
-                    "scale": {k: v for k, v in vars(scale).items() if k != "models"},
-                },
-            }
-        )
-        for step in range(scale.steps):
+        def checkpoint(step: int) -> None:
+            """Everything the steps after ``step`` read, beside the log so far."""
+            state = {
+                "fingerprint": spec.fingerprint(), "step_code": (code or {}).get("step_code"),
+                "step": step, "skipped": skipped, "last_val": last_val,
+                "seconds": before + time.perf_counter() - start,
+                "log_bytes": partial.stat().st_size,
+                "rule": dict(vars(rule)), "rng": torch.get_rng_state(),
+                "model": model.state_dict(), "simulator": simulator_state(sim),
+            }  # fmt: skip
+            torch.save(state, ckpt.with_suffix(".ckpt.tmp"))
+            os.replace(ckpt.with_suffix(".ckpt.tmp"), ckpt)  # never a half-written checkpoint
+
+        if resumed is None:
+            write(
+                {
+                    "event": "header",
+                    "run_id": spec.run_id,
+                    "fingerprint": spec.fingerprint(),
+                    "model": spec.model.name,
+                    "family": spec.model.family,
+                    "variant": spec.variant_name,
+                    "seed": spec.seed,
+                    "steps": scale.steps,
+                    "lr_scale": spec.lr_scale,
+                    "params": n_params,
+                    "code": code,
+                    "settings": {
+                        "model": vars(spec.model),
+                        "variant": vars(spec.variant),
+                        "scale": {k: v for k, v in vars(scale).items() if k != "models"},
+                    },
+                }
+            )
+        for step in range(first, scale.steps):
             lr = lr_at(step, scale) * spec.lr_scale
             result = sim.step(data.worker_batches(step), lm_loss, lr=lr)
             record: dict[str, Any] = {
@@ -241,6 +325,9 @@ def train_run(
                 diverged = diverged or not math.isfinite(last_val)
             if last or "val_loss" in record or result.step % LOG_EVERY == 0:
                 write(record)
+                if not last and time.perf_counter() - last_ckpt >= checkpoint_s:
+                    checkpoint(result.step)
+                    last_ckpt = time.perf_counter()
             if diverged:
                 break  # nothing more to learn from a diverged run; it is counted as such
         final_val = evaluate(model, final_val_batches)
@@ -254,8 +341,28 @@ def train_run(
             # R3 (stale replicas): the oldest a replica entry got, and the largest relative
             # distance of a replica from the owners' values at the end
             **{k: getattr(sim, k) for k in STALENESS_KEYS if hasattr(sim, k)},
-            "seconds": round(time.perf_counter() - start, 2),
+            "seconds": round(before + time.perf_counter() - start, 2),
         }
         write(final)
     os.replace(partial, final_path)  # the rename marks the run finished
+    ckpt.unlink(missing_ok=True)
     return final
+
+
+def _load_checkpoint(
+    ckpt: Path, partial: Path, spec: RunSpec, code: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The run's checkpoint when it can be resumed (same settings, same code version, its
+    log still there), with the log cut back to the checkpoint's step; else None, and a
+    checkpoint that cannot be resumed is removed."""
+    if not ckpt.is_file():
+        return None
+    state = torch.load(ckpt, weights_only=True)
+    same = (state.get("fingerprint") == spec.fingerprint()
+            and state.get("step_code") == (code or {}).get("step_code"))  # fmt: skip
+    if not same or not partial.is_file() or partial.stat().st_size < state["log_bytes"]:
+        ckpt.unlink()
+        return None
+    with open(partial, "r+b") as log:
+        log.truncate(state["log_bytes"])  # the records written after the checkpoint go
+    return state

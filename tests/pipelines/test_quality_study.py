@@ -177,3 +177,76 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
     ]
     assert pairs == [("cafe00000000", "feedbeef0000"), (runs.name, "cafe00000000")]
     assert "feedbeef0000" in (out / "summary.md").read_text()  # the report names the replay
+
+
+RESUME_SCRIPT = """
+import json, sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from pipelines.quality_study import resolve
+from pipelines.studies.quality_config import RunSpec
+from pipelines.studies.quality_data import load_study_data
+from pipelines.studies.quality_run import init_megatron_single_process, train_run
+
+repo, data_dir, out = sys.argv[1:4]
+torch.set_num_threads(1)
+with initialize_config_dir(config_dir=f"{repo}/conf", version_base="1.3"):
+    cfg = resolve(compose(config_name="quality_study", overrides=[
+        "quick=true", f"data_dir={data_dir}", "quick_scale.steps=24",
+        "quick_scale.eval_interval=5", "quick_scale.val_max_sequences=16"]))
+init_megatron_single_process()
+s = cfg.scale
+data = load_study_data(data_dir, seed=0, seq_length=s.seq_length, world_size=s.world_size,
+                       batch_per_worker=s.batch_per_worker, steps=s.steps,
+                       cache_dir=f"{out}/cache")
+val, final = data.validation_batches(16, batch_size=64), data.validation_batches(None, 64)
+code = {"commit": None, "dirty": False, "step_code": "v1"}
+batches = data.worker_batches
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at_17(step):
+    if step == 17:
+        raise Crash
+    return batches(step)
+
+
+for name in cfg.variants:
+    spec = RunSpec(s.models[0], name, cfg.variants[name], 0, s, data_dir)
+    train_run(spec, data, val, final, Path(out) / "straight", code, checkpoint_s=0)
+    data.worker_batches = crash_at_17
+    try:
+        train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
+    except Crash:
+        print(name, "crashed; checkpoint:", (Path(out) / "cut" / f"{spec.run_id}.ckpt").exists())
+    data.worker_batches = batches
+    train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
+"""
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(prepared_small, tmp_path):
+    """Each quick variant (dense AdamS, R0-99, SCAPE-99), crashed at step 17 of 24 with a
+    checkpoint at every logged step, resumes at step 15 and logs what a straight run logs."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, str(ROOT), str(prepared_small), str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "straight").glob("*.jsonl"))
+    assert len(names) == 3
+    for name in names:
+        run_id = name.removesuffix(".jsonl")
+        assert f"{run_id.split('__')[1]} crashed; checkpoint: True" in proc.stdout
+        assert f"{run_id}: resuming at step 15 from its checkpoint" in proc.stdout
+        straight, cut = (_records(tmp_path / d / name) for d in ("straight", "cut"))
+        assert [{k: v for k, v in r.items() if k != "seconds"} for r in cut] == [
+            {k: v for k, v in r.items() if k != "seconds"} for r in straight
+        ], name
+    assert not list((tmp_path / "cut").glob("*.ckpt*"))  # a finished run leaves none
