@@ -4,7 +4,8 @@ A worker runs a run only after creating ``<run_id>.jsonl.lock`` beside the run's
 ``O_EXCL`` (atomic on a local or NFS-v3+ file system), holding its host and pid, and removes it
 when the run ends. A lock whose process is gone (a killed worker: this host, pid not alive)
 is taken over; a lock of another host is respected, as its process cannot be checked from
-here. An interrupted run's ``.partial`` log is redone from scratch by whoever claims it next.
+here. Whoever claims an interrupted run next resumes it from its checkpoint, or redoes it
+from scratch when it has none (:func:`.quality_run.train_run`).
 """
 
 from __future__ import annotations
