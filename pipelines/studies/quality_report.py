@@ -889,6 +889,22 @@ def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
     return out
 
 
+def wire_choice(index: RunIndex, models: list[str]) -> dict[str, Any]:
+    """The values' dtype the SCAPE configs ship: bf16 where, at the longest horizon the bf16
+    wire was run, it ran beside fp32 for every SCAPE finalist on every model and stayed
+    within the fp32 wire's seed spread in every cell; fp32 otherwise (issue 27)."""
+    horizons = sorted({k.steps for k in index.runs if k.variant in dict(WIRE_PAIRS).values()})
+    for steps in reversed(horizons):
+        rows = paired_rows(index, models, steps, WIRE_PAIRS)
+        complete = {(r["model"], r["variant"]) for r in rows} == {
+            (m, v) for m in models for v, _ in WIRE_PAIRS}  # fmt: skip
+        if complete:
+            within = sum(r["within"] for r in rows)
+            return {"value_dtype": "bfloat16" if within == len(rows) else "float32",
+                    "steps": steps, "within": within, "cells": len(rows)}  # fmt: skip
+    return {"value_dtype": "float32", "steps": None, "within": 0, "cells": 0}
+
+
 def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) -> str:
     """The recipe in a sentence per SCAPE finalist, every figure from ``rec``
     (:func:`recipe`): the rule the configs carry, or the ratios seen and how to tune."""
@@ -916,6 +932,17 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
                f"not yet closed at >= {rec['min_steps']:,} steps on every model")  # fmt: skip
         lines.append(f"- **{label}**: no rule ({why}: {seen}); the config keeps "
                      f"`lr_multiplier` 1. To tune it on your model, {tune}.")  # fmt: skip
+    wire = rec.get("wire") or {}
+    if wire.get("cells"):
+        lines.append(
+            f"- **The values on the wire**: `{wire['value_dtype']}`, the SCAPE configs' "
+            f"`optimizer.scape.value_dtype`. The bf16 wire stayed within the fp32 wire's seed "
+            f"spread in {wire['within']} of {wire['cells']} cells at {wire['steps']:,} steps "
+            + ("(every one)." if wire["value_dtype"] == "bfloat16" else
+               "(not every one), so the configs send fp32 values."))  # fmt: skip
+    elif wire:
+        lines.append("- **The values on the wire**: `float32` (the bf16 wire has not been run "
+                     "beside it on every model).")  # fmt: skip
     return "\n".join([
         "SCAPE's best lr over dense AdamS's best, each chosen over the seeds, per model at its "
         "longest horizon where both lr grids are closed (`recipe.json`):", "", *lines])  # fmt: skip
@@ -1024,6 +1051,7 @@ def write_report(
     verdict_models = [m for m in models if m in VERDICT_MODELS]
     verdict = verdict_text(index, verdict_models)
     rec = recipe(index, verdict_models + [m for m in size_models(index) if m not in verdict_models])
+    rec["wire"] = wire_choice(index, verdict_models)
     (out_dir / "recipe.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     update_block(out_dir / "README.md", recipe_text(rec, index, labels), "recipe")
     for readme in (out_dir / "README.md", *verdict_readmes):

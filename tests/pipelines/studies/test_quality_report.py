@@ -298,6 +298,14 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     )
     text = finalists_text(index, {}, ["llama"], [100])
     assert "within the fp32 wire's seed spread in 1 of 2 cells" in text
+    from pipelines.studies.quality_report import wire_choice
+
+    assert wire_choice(index, ["llama"]) == {"value_dtype": "float32", "steps": 100,
+                                             "within": 1, "cells": 2}  # fmt: skip
+    calm = [r for r in runs if r.variant != "scape90_bf16"]
+    calm += _sized("llama", 220_000, "scape90_bf16", {1.0: [4.1, 4.1, 4.1]})  # no change
+    assert wire_choice(RunIndex(calm), ["llama"])["value_dtype"] == "bfloat16"
+    assert wire_choice(RunIndex(calm), ["llama", "gpt"])["value_dtype"] == "float32"  # gpt: none
     assert "clips at a global norm of 0.5" in text and "Gap against model size" not in text
     assert "lr) by llama 100: 0.100 nats (2.4%). 0 of 27 runs diverged" in text
     assert "The clip's effect" not in text
