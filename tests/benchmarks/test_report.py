@@ -83,7 +83,7 @@ def test_bytes_section_and_targets_from_the_formula(tmp_path):
                                                       ("llama-1.8b", 1_800_000_000))}  # fmt: skip
     doc = {"model": {"seq": 32}, "measured": measured, "paper_scale": paper}
     (tmp_path / "bytes.json").write_text(json.dumps(doc))
-    md = report.render(tmp_path)
+    md = report.render(tmp_path, wire="float32")
     sec1 = md.split("## 1.")[1].split("## 2.")[0]
     assert "| scape-99 | 52.0 | 52.0 | 13.0 | 117.0 | 88.9 | 1.12 | = |" in sec1
     assert "| scape-99-bf16 |" in sec1 and "| dense-adams |" in sec1
@@ -92,6 +92,12 @@ def test_bytes_section_and_targets_from_the_formula(tmp_path):
     row99 = next(ln for ln in targets.splitlines() if "99% sparsity" in ln)
     assert "with bf16 values" in row99 and "counters match the formula" in row99
     assert row99.endswith("| met with bf16 values |")  # fp32 values: 1/44, below 1/60
+    assert "with fp32 values (the configs')" in row99 and "(fp32 ones are what" in sec1
+    # configs that send bf16 values: the rows lead with them, and the target is met as shipped
+    bf16 = report.render(tmp_path, wire="bfloat16")
+    row99 = next(ln for ln in bf16.split("## Targets")[1].splitlines() if "99% sparsity" in ln)
+    assert row99.endswith("| met |") and "with bf16 values (the configs'), 1/" in row99
+    assert report.shipped_wire() in ("float32", "bfloat16")
 
 
 def _bench_copy(tmp_path: Path) -> Path:
