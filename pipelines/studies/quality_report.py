@@ -734,7 +734,9 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
             parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({index.params_text(model)}; "
                          f"{order}{grid})")  # fmt: skip
         sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
-    made = {r.commit for k, r in index.runs.items() if k.steps == steps and r.commit}
+    shown = {REFERENCE, *(v for _, v, _ in VERDICT_METHODS)}
+    made = {r.commit for k, r in index.runs.items()
+            if k.steps == steps and k.variant in shown and k.model in models and r.commit}  # fmt: skip
     commits = ", ".join(c[:10] for c in sorted(made)) or "an unrecorded commit"
     return (
         " ".join(sentences)
