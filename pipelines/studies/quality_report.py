@@ -527,11 +527,14 @@ def paired_rows(
 
 
 def paired_table(rows: list[dict[str, Any]], labels: dict[str, str], sides: tuple[str, str]) -> str:
-    """``paired_rows`` as a table; ``sides`` names the base and the changed arm."""
+    """``paired_rows`` as a table; ``sides`` names the base and the changed arm. Bytes per
+    step are shown only where the two arms send different amounts."""
     base, changed = sides
+    sent = any(len(set(r["bytes"].values())) > 1 for r in rows)
     head = ["model", "method", "lr x", "seeds", f"{base}: loss", f"{changed}: loss",
             f"{changed} - {base} (nats, paired)", f"{base}: sd over seeds",
-            "within the seeds' spread", f"bytes per rank per step, {base} -> {changed}"]  # fmt: skip
+            "within the seeds' spread"]  # fmt: skip
+    head += [f"bytes per rank per step, {base} -> {changed}"] if sent else []
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         b = r["bytes"]
@@ -540,7 +543,7 @@ def paired_table(rows: list[dict[str, Any]], labels: dict[str, str], sides: tupl
             r["model"], labels.get(r["variant"], r["variant"]), f"{r['lr']:g}",
             str(len(r["seeds"])), f"{r['base']:.3f}", f"{r['changed_loss']:.3f}",
             f"{r['diff']:+.4f} ± {r['diff_sd']:.4f}", f"{r['base_sd']:.4f}",
-            "yes" if r["within"] else "no", nbytes,
+            "yes" if r["within"] else "no", *([nbytes] if sent else []),
         ]) + " |")  # fmt: skip
     return "\n".join(lines)
 

@@ -316,7 +316,8 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     text = finalists_text(RunIndex(runs + noclip), {}, ["llama"], [100])
     assert "clips at a global norm of 0.5 (" in text  # the control arm is not the policy
     assert "The clip's effect at 100 steps" in text and "in 0 of 1 cells" in text
-    assert "| llama | scape99 | 1 | 3 | 4.300 | 4.700 | +0.4000 ± 0.0000 | 0.1000 | no |" in text
+    assert "| llama | scape99 | 1 | 3 | 4.300 | 4.700 | +0.4000 ± 0.0000 | 0.1000 | no |\n" in text
+    assert "clipped -> unclipped" not in text  # the same bytes: no bytes column
 
 
 def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
