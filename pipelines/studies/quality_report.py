@@ -627,10 +627,19 @@ class SizeTrend:
         return fit - half, fit + half
 
 
+def _closed(index: RunIndex, model: str, variant: str, steps: int) -> bool:
+    return (
+        gap_cell(index, model, variant, steps).closed
+        and gap_cell(index, model, REFERENCE, steps).closed
+    )
+
+
 def size_trend(index: RunIndex, variant: str, steps: int) -> SizeTrend | None:
     """The :class:`SizeTrend` of ``variant`` over the :data:`SIZE_FAMILY` models that ran it
-    at ``steps`` (paired, each at the lr chosen over its seeds); None under two sizes."""
-    points = [(index.params(m), g) for m in size_models(index)
+    at ``steps`` (paired, each at the lr chosen over its seeds), from the sizes where its lr
+    grid and dense AdamS's are both closed (an edge lr would make the gap the grid's, not
+    the method's); None under two such sizes."""
+    points = [(index.params(m), g) for m in size_models(index) if _closed(index, m, variant, steps)
               for g in gap_cell(index, m, variant, steps).gaps if math.isfinite(g)]  # fmt: skip
     points = [(p, g) for p, g in points if p]
     if len({p for p, _ in points}) < 2:
@@ -658,7 +667,7 @@ def scale_text(
                 cell = gap_cell(index, m, variant, steps)
                 ref = gap_cell(index, m, REFERENCE, steps)
                 if cell.gaps:
-                    open_ = "" if cell.closed and ref.closed else ", lr grid open"
+                    open_ = "" if cell.closed and ref.closed else ", lr grid open: not in the fit"
                     at.append(f"{_fmt_gap(cell.gaps)} at {index.params_text(m)}{open_}")
             band = trend.slope_interval()
             if band is None:
@@ -686,8 +695,9 @@ def scale_text(
             )  # fmt: skip
     if not lines:
         return (f"Sizes of the {SIZE_FAMILY} run at this code version: {shown}. A size trend "
-                "needs two sizes with the same method and horizon; the larger models are "
-                "queued in `conf/quality_queue.yaml` (`make quality-queue`).")  # fmt: skip
+                "needs two sizes with the same method and horizon, each with its lr grid and "
+                "dense AdamS's closed; the larger models are queued in "
+                "`conf/quality_queue.yaml` (`make quality-queue`).")  # fmt: skip
     return "\n".join([
         f"Sizes of the {SIZE_FAMILY} run at this code version: {shown}; each method at the lr "
         "chosen over its seeds at each size, gaps paired by seed (`gap_vs_steps.png`, last "

@@ -343,12 +343,15 @@ def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
 
 
 def _three_sizes(gaps: dict[str, list[float]]) -> RunIndex:
-    """AdamS at 4.0 on every seed (grid closed at x1) and SCAPE-99 at 4.0 * (1 + gap/100)."""
+    """AdamS at 4.0 on every seed and SCAPE-99 at 4.0 * (1 + gap/100), both at x1 with
+    their grids closed."""
     runs = []
     for model, params in (("llama", 220_000), ("llama192", 2_000_000), ("llama320", 8_000_000)):
         n = len(gaps[model])
         runs += _sized(model, params, "adams", {0.5: [4.2] * n, 1.0: [4.0] * n, 2.0: [4.1] * n})
-        runs += _sized(model, params, "scape99", {1.0: [4.0 * (1 + g / 100) for g in gaps[model]]})
+        best = [4.0 * (1 + g / 100) for g in gaps[model]]
+        worse = [b + 0.5 for b in best]
+        runs += _sized(model, params, "scape99", {0.5: worse, 1.0: best, 2.0: worse})
     return RunIndex(runs)
 
 
@@ -407,3 +410,22 @@ def test_clip_table_counts_the_logged_steps_whose_pre_clip_norm_exceeded_the_cli
     for run in runs:
         run.steps = [{"step": 10, "loss": 4.0}]  # no norm logged: no table
     assert clip_table(RunIndex(runs), ["adams"], {}, ["llama"], [100]) == ""
+
+
+def test_the_size_trend_leaves_out_a_size_whose_lr_grid_is_open():
+    from pipelines.studies.quality_report import scale_text, size_trend
+
+    index = _three_sizes({"llama": [6.0, 7.0], "llama192": [8.0, 8.5], "llama320": [9.0, 10.5]})
+    runs = [
+        r
+        for r in index.all_runs  # llama320's AdamS only at x1: its grid is open
+        if not (r.model == "llama320" and r.variant == "adams" and r.header["lr_scale"] != 1.0)
+    ]
+    open_big = RunIndex(runs)
+    assert {p for p, _ in size_trend(open_big, "scape99", 100).points} == {220_000, 2_000_000}
+    text = scale_text(open_big, {}, [100], {})
+    assert "at 8.00M, lr grid open: not in the fit" in text and "over the 4 seeds' gaps" in text
+    two_open = RunIndex([r for r in runs if not (r.model == "llama192" and r.variant == "adams"
+                                                 and r.header["lr_scale"] != 1.0)])  # fmt: skip
+    assert size_trend(two_open, "scape99", 100) is None
+    assert "no trend" not in scale_text(two_open, {}, [100], {})
