@@ -68,22 +68,23 @@ def run_batch(cfg: QualityQueueConfig, batch: Batch, label: str) -> None:
     logs = Path(cfg.log_dir) / batch.name
     logs.mkdir(parents=True, exist_ok=True)
     cmd = _study(cfg, logs, "report=false", *batch.overrides)
-    workers, files = [], []
+    workers, files, seen = [], [], []
     for i in range(cfg.workers):
         out = open(logs / f"worker{i}.log", "a", encoding="utf-8")  # noqa: SIM115
         files.append(out)
+        seen.append(out.tell())  # an earlier batch's lines in the log are not this one's
         workers.append(subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
         time.sleep(5)  # staggered: the first claims the first run before the second looks
-    seen = [(logs / f"worker{i}.log").stat().st_size for i in range(cfg.workers)]
     try:
         while True:
             done = [w.poll() is not None for w in workers]
             for i in range(cfg.workers):
-                with open(logs / f"worker{i}.log", encoding="utf-8", errors="replace") as f:
+                with open(logs / f"worker{i}.log", "rb") as f:
                     f.seek(seen[i])
                     new = f.read()
-                    seen[i] += len(new.encode("utf-8", errors="replace"))
-                for line in new.splitlines():
+                new = new[: new.rfind(b"\n") + 1]  # whole lines only: the rest comes next time
+                seen[i] += len(new)
+                for line in new.decode("utf-8", errors="replace").splitlines():
                     if line.startswith(("[", "waiting", "error")) or "no closed lr grid" in line:
                         print(f"{label} w{i} {line}", flush=True)
             if all(done):

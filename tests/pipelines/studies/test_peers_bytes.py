@@ -28,8 +28,8 @@ def test_dense_and_scape_match_the_benchmarks_formulas(model):
     shape, n = SHAPES[model], count_params(SHAPES[model])
     for method, expected in (
         ("adams", sum(paper.dense_bytes(n, 32, value_nbytes=4).values())),
-        ("scape90", sum(paper.scape_bytes(n, 32, 0.9, 4).values())),
-        ("scape99", sum(paper.scape_bytes(n, 32, 0.99, 4).values())),
+        ("scape90", sum(paper.scape_bytes(n, 32, 0.9, 2).values())),  # the configs' bf16 wire
+        ("scape99", sum(paper.scape_bytes(n, 32, 0.99, 2).values())),
     ):
         o = compose([f"optimizer={method}"]).optimizer
         assert method_bytes(o, shape, 32) == pytest.approx(expected, rel=1e-12)
@@ -52,7 +52,8 @@ def test_formulas_reproduce_the_bytes_the_r6_runs_counted():
     steps = 200
     for method, mean in measured.items():
         cfg = compose(["experiment=peers_gpt345m_owt", "scale=tiny", f"optimizer={method}",
-                       "optimizer.dgc.warmup_steps=0"])  # the r6 runs had no DGC warm-up  # fmt: skip
+                       "optimizer.dgc.warmup_steps=0",  # the r6 runs had no DGC warm-up
+                       *(["optimizer.scape.value_dtype=float32"] if "scape" in method else [])])  # fmt: skip
         m = cfg.model
         shape = ModelShape(m.name, m.family, m.num_layers, m.hidden_size, m.num_attention_heads,
                            m.ffn_hidden_size, m.vocab_size, m.seq_length)  # fmt: skip

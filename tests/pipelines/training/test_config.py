@@ -120,7 +120,14 @@ def test_optimizer_scape_is_scape_config_with_sparsity_for_k():
     assert settings.pop("sparsity") == 1 - k / config["chunk"]
     assert settings == config
     assert ScapeConfig.from_settings(vars(ScapeSettings())) == ScapeConfig()
-    cfg = compose(["optimizer=scape90", "optimizer.scape.chunk=50", "optimizer.scape.update=sign"])
+    cfg = compose(
+        [
+            "optimizer=scape90",
+            "optimizer.scape.chunk=50",
+            "optimizer.scape.update=sign",
+            "optimizer.scape.value_dtype=float32",
+        ]
+    )  # the config's own choice: bf16
     assert scape_config(cfg.optimizer) == ScapeConfig(chunk=50, k=5, update="sign")
 
 
