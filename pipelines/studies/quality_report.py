@@ -665,9 +665,12 @@ def scale_text(
             at = []
             for m in sizes:
                 cell = gap_cell(index, m, variant, steps)
-                ref = gap_cell(index, m, REFERENCE, steps)
                 if cell.gaps:
-                    open_ = "" if cell.closed and ref.closed else ", lr grid open: not in the fit"
+                    open_ = (
+                        ""
+                        if _closed(index, m, variant, steps)
+                        else ", lr grid open: not in the fit"
+                    )
                     at.append(f"{_fmt_gap(cell.gaps)} at {index.params_text(m)}{open_}")
             band = trend.slope_interval()
             if band is None:
@@ -779,9 +782,7 @@ def clip_table(
 ) -> str:  # fmt: skip
     """How often the clip acted, per variant at its chosen lr, per model and horizon: the
     mean over seeds of the share of logged steps clipped, and the median pre-clip norm."""
-    clip = next(iter(sorted({(r.header.get("settings") or {}).get("scale", {}).get("clip_grad")
-                             for k, r in index.runs.items() if k.variant in variants} - {None})),
-                None)  # fmt: skip
+    clip = next(iter(policy_clips(index, variants)), None)
     if not clip:
         return ""
     head = ["variant", *[f"{m} {h}" for m in models for h in horizons]]
@@ -803,13 +804,18 @@ def clip_table(
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def policy_clips(index: RunIndex, variants: list[str] | None = None) -> list[float]:
+    """The clip norms the runs (of ``variants``, default all) recorded in their settings, a
+    variant with its own clip norm (the policy's control arm) excepted."""
+    settings = [r.header.get("settings") or {} for k, r in index.runs.items()
+                if variants is None or k.variant in variants]  # fmt: skip
+    return sorted({s.get("scale", {}).get("clip_grad") for s in settings
+                   if s.get("variant", {}).get("clip_grad") is None} - {None})  # fmt: skip
+
+
 def clipping(index: RunIndex) -> str:
-    """The clipping policy the runs used, read from their settings (a variant with its own
-    clip norm, the policy's control arm, excepted)."""
-    settings = [r.header.get("settings") or {} for r in index.runs.values()]
-    clips = sorted({s.get("scale", {}).get("clip_grad") for s in settings
-                    if s.get("variant", {}).get("clip_grad") is None} - {None})  # fmt: skip
-    at = " / ".join(f"{c:g}" for c in clips) or "an unrecorded norm"
+    """The clipping policy the runs used, read from their settings."""
+    at = " / ".join(f"{c:g}" for c in policy_clips(index)) or "an unrecorded norm"
     return (f"every arm clips at a global norm of {at} (dense AdamS and AdamW their reduced "
             f"gradient, SCAPE its update q, the norm read off the one synchronized buffer)")  # fmt: skip
 
