@@ -354,6 +354,7 @@ def plot_gap_vs_steps(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     params = {m: index.params(m) for m in sizes or []}
     by_size = len(params) >= 2 and all(params.values())
@@ -366,6 +367,7 @@ def plot_gap_vs_steps(
             lines.append((ax, variant, [h for h, g in stats if g], [g for _, g in stats if g]))
         ax.set_xscale("log")
         ax.set_xticks(horizons, [str(h) for h in horizons])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("training steps (log)")
         ax.set_title(f"{model}: gap to AdamS, each at its best lr")
     if by_size:
@@ -377,6 +379,9 @@ def plot_gap_vs_steps(
                 if len(xs) >= 2:
                     lines.append((ax, f"{variant}@{steps}", xs, gs))
         ax.set_xscale("log")
+        # The sizes run as the ticks: matplotlib's minor log labels overlap at these spans.
+        ax.set_xticks(list(params.values()), [index.params_text(m) for m in params])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"parameters ({SIZE_FAMILY}, log)")
         ax.set_title("gap to AdamS against model size, each at its best lr")
     for ax, name, xs, gs in lines:
