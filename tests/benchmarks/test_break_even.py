@@ -7,7 +7,7 @@ import math
 import pytest
 
 from benchmarks import break_even as be
-from benchmarks.projection import Assumptions, project_model
+from benchmarks.projection import Assumptions, calibrated, project_model
 
 
 def test_a_cell_is_the_projection_at_that_bandwidth_and_batch():
@@ -60,4 +60,4 @@ def test_renders_the_map_its_table_and_every_cell(tmp_path):
     assert len(rows) == 1 + len(be.BANDWIDTHS) * len(be.TOKENS)
     summary = json.loads((tmp_path / "break_even.json").read_text())
     assert summary["needed_comm_over_compute"]["scape-99/no_overlap"] == pytest.approx(
-        be.needed_ratio(be.ratio_curve(Assumptions()), "scape-99/no_overlap"))  # fmt: skip
+        be.needed_ratio(be.ratio_curve(*calibrated()), "scape-99/no_overlap"))  # fmt: skip

@@ -122,8 +122,8 @@ def test_sections_3_and_4_from_their_files(tmp_path):
     _edit(d / "projection.json", lambda doc: doc["models"]["llama-1.8b"].update(compute_s=0.9876))
     md = report.render(d)
     sec3 = md.split("## 3.")[1].split("## 4.")[0]
-    assert "| scape-99 | 432 |" in sec3 and "against 988 ms of modeled dense compute" in sec3
-    assert "**GPU: skipped**" in sec3 and "| cpu (1 thread) | scape-99 |" in sec3
+    assert "| scape-99 | 432 |" in sec3 and "against 988 ms of dense compute (FLOPs at MFU" in sec3
+    assert "**GPU: skipped by this benchmark**" in sec3 and "| cpu (1 thread) | scape-99 |" in sec3
     sec4 = md.split("## 4.")[1].split("## 5.")[0]
     assert (
         "![break-even map](break_even.png)" in sec4 and "[`break_even.md`](break_even.md)" in sec4
@@ -146,3 +146,28 @@ def test_the_prose_prints_only_figures_read_from_the_files(tmp_path, write_sweep
     numbers = set(re.findall(r"\d+(?:\.\d+)?", notes))
     # beside them only "1-min", "Llama-1.8B" and the section numbers 2 and 3
     assert numbers <= {"1", "1.8", "2", "3", "2.75", "0.4", "4", "46", "33", "17"}, numbers
+
+
+def test_the_gpu_target_is_met_or_not_only_where_a_gpu_check_calibrated_the_projection(tmp_path):
+    d = _bench_copy(tmp_path)
+    row = "SCAPE optimizer work <= 10% of dense compute, Llama-1.8B, GPU"
+
+    def scape_share(share: float, cal) -> str:
+        def edit(doc: dict) -> None:
+            m18 = doc["models"]["llama-1.8b"]
+            for method in ("scape-90", "scape-99"):
+                m18["scape"][method]["optimizer_s"] = share * m18["compute_s"]
+            doc["gpu_calibration"] = cal
+
+        _edit(d / "projection.json", edit)
+        return next(line for line in report.render(d).splitlines() if row in line)
+
+    gpu = {"gpu": "Some GPU", "mfu": 0.3125, "file": "x.json", "buckets": 45, "kernels": {}}
+    assert scape_share(0.0825, gpu).endswith(
+        "| 8.2% (99%), 8.2% (90%): kernels measured on Some GPU (one rank of W=32), compute at its "
+        "MFU 31.2% | met |"
+    )
+    assert scape_share(0.1375, gpu).endswith("| not met |")
+    assert scape_share(0.0825, "none: no GPU run yet").endswith(
+        "| not measured (no GPU); modeled 8.2% (99%), 8.2% (90%) | unverified |"
+    )
