@@ -163,9 +163,9 @@ quality-report: $(STAMP)
 # PowerSGD r1/2/4, DGC-90/99 (with its warm-up) and 1-bit Adam through the pretrain stage under
 # the verdict's protocol: lr grid x1/x2/x4 closed on every seed, 3 seeds, one code version
 # (conf/peers_study.yaml: 1,024-entry BPE, 400 steps). 90 runs plus the grids' extensions
-# (3 per method and round; ~20-30 expected: most grids were open at x1 after seed 1234):
+# (3 per method and round; the 2026-12-04 study ran 39 more in 4 rounds, 129 in all):
 # ~50 s a run on the idle 2-core host (2026-12-04: seed 1234's 30 runs in 24 min), so
-# ~1.5-2 h; about 4x that beside another job. Resumes: run it
+# ~2 h; about 4x that beside another job. Resumes: run it
 # in the background (nohup make peers-study > peers.log 2>&1 &), again after a stop. Writes
 # results/peers/ (frontier.*, its README block); runs in runs/peers/<code version>/.
 # QUICK=1: AdamS and DGC-99, one seed, one lr, 6 steps, into outputs/peers_quick/ (minutes).
