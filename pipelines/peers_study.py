@@ -99,7 +99,7 @@ class PeersStudyConfig:
     methods: list[str] = field(default_factory=lambda: list(STUDY_METHODS))  # []: the sweep
     seeds: list[int] = field(default_factory=lambda: [1234, 1235, 1236])
     lr_scales: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
-    close_grids: int = 3  # rounds of grid extension (x0.5 / x2 on every seed) at most
+    close_grids: int = 5  # rounds of grid extension (x0.5 / x2 on every seed) at most
     overrides: list[str] = field(default_factory=lambda: list(STUDY_OVERRIDES))
     output_root: str = "runs/peers"
     out_dir: str = "results/peers"
