@@ -8,17 +8,20 @@ The rule, per step t (1-based), in the order of the authors' reference code:
     m_t    = beta1 * m_{t-1} + (1 - beta1) * g_t
     p      = p - lr * (m_t / (1 - beta1^t)) / denom
 
-The denominator needs only ``m_{t-1}`` and ``g_t``; this is what lets SCAPE update an
-owner's masked entries from one synchronized sparse buffer without a second collective.
+The denominator needs only ``m_{t-1}`` and ``g_t``, no second-moment buffer. AdamS is the
+dense baseline SCAPE is compared with (the simulator's and Megatron's dense arms step with
+:class:`AdamS`); SCAPE's own update is :mod:`scape.shard`'s.
 
-There is exactly one implementation of the arithmetic, :func:`adams_update_`. The
-optimizer class, the foreach path, the simulator and the Megatron adapter all call it (on
-whole tensors, lists of tensors, or gathered index subsets), so "dense" and "masked" can
-only differ in *which* entries are updated, never in how.
+:func:`adams_update_` is the rule. :class:`AdamS` runs it per tensor, over lists with
+multi-tensor (foreach) kernels, or on CUDA as one fused Triton kernel per tensor
+(:func:`scape.fused.adams_fused_`: one read of p, m, g and one write of p, m), chosen by
+device as ``torch.optim`` chooses (``foreach`` / ``fused`` None). The foreach path is
+bit-identical to the per-tensor one; the fused one agrees to fp32 rounding (tests).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
@@ -150,6 +153,7 @@ class AdamS(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         *,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"Invalid learning rate {lr!r}: must be >= 0")
@@ -159,7 +163,10 @@ class AdamS(torch.optim.Optimizer):
             raise ValueError(f"Invalid eps {eps!r}: must be >= 0")
         if not weight_decay >= 0.0:
             raise ValueError(f"Invalid weight_decay {weight_decay!r}: must be >= 0")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach)
+        if fused and foreach:
+            raise ValueError("AdamS: fused=True and foreach=True are exclusive; set one")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                        fused=fused)  # fmt: skip
         super().__init__(params, defaults)
 
     def _init_group(self, group: dict) -> tuple[list[Tensor], list[Tensor], list[Tensor], list]:
@@ -196,9 +203,7 @@ class AdamS(torch.optim.Optimizer):
             for i, state in enumerate(states):
                 state["step"] += 1
                 by_step.setdefault(int(state["step"].item()), []).append(i)
-            use_foreach = group["foreach"]
-            if use_foreach is None:
-                use_foreach = all(p.device.type != "cpu" for p in params)
+            implementation = _implementation(group, params)
             for step, idx in by_step.items():
                 kwargs = dict(
                     step=step,
@@ -208,7 +213,12 @@ class AdamS(torch.optim.Optimizer):
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
                 )
-                if use_foreach:
+                if implementation == "fused":
+                    from scape.fused import adams_fused_
+
+                    for i in idx:
+                        adams_fused_(params[i], exp_avgs[i], grads[i], **kwargs)
+                elif implementation == "foreach":
                     adams_update_foreach_(
                         [params[i] for i in idx],
                         [exp_avgs[i] for i in idx],
@@ -219,3 +229,27 @@ class AdamS(torch.optim.Optimizer):
                     for i in idx:
                         adams_update_(params[i], exp_avgs[i], grads[i], **kwargs)
         return loss
+
+
+def _implementation(group: dict, params: list[Tensor]) -> str:
+    """``fused`` (Triton), ``foreach`` or ``single``: the group's choice, else by device as
+    torch.optim chooses: fused on CUDA where Triton is installed, foreach on other
+    accelerators, single tensors on the CPU."""
+    fused, foreach = group.get("fused"), group.get("foreach")
+    on_cuda = all(p.device.type == "cuda" for p in params)
+    if fused:
+        if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                "AdamS(fused=True) runs a Triton kernel: CUDA params only (or the CPU under "
+                "TRITON_INTERPRET=1); use foreach=True or leave fused=None"
+            )
+        return "fused"
+    if fused is None and foreach is None and on_cuda:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "foreach"
+        return "fused"
+    if foreach or (foreach is None and all(p.device.type != "cpu" for p in params)):
+        return "foreach"
+    return "single"

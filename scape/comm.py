@@ -103,10 +103,17 @@ class SparseCommunicator:
         return out, work
 
     def all_gather(
-        self, local: Tensor, *, kind: str = PARAM_VALUES, async_op: bool = False
+        self,
+        local: Tensor,
+        *,
+        kind: str = PARAM_VALUES,
+        async_op: bool = False,
+        out: Tensor | None = None,
     ) -> tuple[Tensor, dist.Work | None]:
-        """Concatenate every rank's ``local`` (k,) in rank order -> (W*k,)."""
-        out = local.new_empty(local.numel() * self.world_size)
+        """Concatenate every rank's ``local`` (k,) in rank order -> (W*k,), into ``out`` when
+        given (a buffer sized once)."""
+        if out is None:
+            out = local.new_empty(local.numel() * self.world_size)
         self._count(kind, out)
         work = dist.all_gather_into_tensor(
             out, local.contiguous(), group=self.group, async_op=async_op
@@ -125,10 +132,10 @@ class SparseCommunicator:
         return payload, work
 
     def all_gather_masks(
-        self, payload: Tensor, *, async_op: bool = True
+        self, payload: Tensor, *, out: Tensor | None = None, async_op: bool = True
     ) -> tuple[Tensor, dist.Work | None]:
         """All-gather encoded mask bytes (uint8); asynchronous by default (it hides behind compute)."""
-        return self.all_gather(payload, kind=MASKS, async_op=async_op)
+        return self.all_gather(payload, kind=MASKS, async_op=async_op, out=out)
 
     def all_reduce_sum(self, tensor: Tensor, *, kind: str = SCALARS) -> Tensor:
         """In-place sum (e.g. the squared-norm scalar for clipping); counted as 2(W-1)/W * T."""

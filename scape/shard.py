@@ -80,8 +80,10 @@ def buffer_sq_norm(synced: Tensor) -> float:
 
     Every basis here (identity, chunked orthonormal DCT-II) preserves norms, and q is the
     synthesis of the buffer's coefficients, so the two norms agree up to rounding (Parseval).
-    Summed per bucket in float64 by the caller."""
-    values = synced.float()
+    Summed per bucket in float64 by the caller. The dot runs on a fresh copy: CPU BLAS sums a
+    view that starts off its allocator's alignment in another order, and the adapter's
+    buffers are views of one payload buffer, the simulator's tensors of their own."""
+    values = synced.to(torch.float32, copy=True)
     return float(torch.dot(values, values))
 
 

@@ -7,8 +7,10 @@ real state: its fresh gradient and (SCAPE) its own first moment. The all-reduce 
 sum in rank order, in the wire dtype, as gloo sums it.
 
 Methods: ``adamw`` (torch.optim.AdamW) and ``adams`` (scape.AdamS) on the averaged
-gradient, the dense references; ``scape`` the sparse step, built from ``scape.shard``
-exactly as the Megatron adapter is.
+gradient, the dense references; ``scape`` the sparse step: one :class:`scape.step.BucketStep`
+per worker and bucket, exactly as the Megatron adapter holds one per bucket, so both run the
+same implementation (``blocked`` on CPU, ``fused`` Triton kernels on CUDA; ``implementation``
+chooses another).
 """
 
 from __future__ import annotations
@@ -25,20 +27,8 @@ from scape.basis import ShardBasis
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
 from scape.layout import FlatLayout
-from scape.shard import (
-    WIRE_DTYPES,
-    accumulate,
-    all_finite,
-    buffer_sq_norm,
-    clip_coefficient,
-    commit_moment_,
-    decay_runs,
-    decode,
-    owner_mask,
-    pack,
-    runs_within,
-    step_bucket_,
-)
+from scape.shard import WIRE_DTYPES, clip_coefficient, decay_runs, decode, runs_within
+from scape.step import Geometry, Update, make_bucket_step, resolve_implementation, step_clip
 
 __all__ = [
     "METHODS",
@@ -98,6 +88,7 @@ class Simulator:
         scape: ScapeConfig | None = None,
         layout: FlatLayout | None = None,
         decay_filter: Callable[[str, Tensor], bool] = default_decay_filter,
+        implementation: str | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
@@ -112,6 +103,7 @@ class Simulator:
         self.device = self.params[0].device  # state lives where the model does
         self.decays = [decay_filter(n, p) for n, p in named]
         if method == "scape":
+            self.implementation = resolve_implementation(implementation, self.device)
             self._init_scape(layout)
         else:
             groups = [
@@ -134,10 +126,15 @@ class Simulator:
         W, cfg = self.world_size, self.scape
         self.bind_flat_params(layout or FlatLayout.contiguous([p.numel() for p in self.params], W))
         total = self.layout.total
-        self.bases = [
-            ShardBasis(self.layout.shard_size(b), cfg.chunk, cfg.k, self.device)
-            for b in range(len(self.layout.buckets))
-        ]
+        geometries = [Geometry(self.layout.shard_size(b), W, cfg.chunk, cfg.k)
+                      for b in range(len(self.layout.buckets))]  # fmt: skip
+        # steps[w][b]: worker w's step over bucket b (each worker is a rank)
+        self.steps = [
+            [make_bucket_step(self.implementation, geo, w, cfg, self.device, self.decay_runs[b],
+                              self.hp.eps) for b, geo in enumerate(geometries)]
+            for w in range(W)
+        ]  # fmt: skip
+        self.bases = [step.basis for step in self.steps[0]]
         self.moment = torch.zeros(W, total, device=self.device)  # each worker's own moment
         self.second_moment = torch.zeros(total, device=self.device) if cfg.update == "rms" else None
         self.updates = 0  # accepted steps (the rebuilt second moment's bias correction)
@@ -268,22 +265,6 @@ class Simulator:
                 flat[w, off : off + g.numel()] = g.view(-1)
         return flat
 
-    def _owner_masks(self, statistic: Tensor) -> list[Tensor]:
-        """Every owner's mask of its shard of every bucket, from its own row of ``statistic``
-        (W, total). (W, n) each."""
-        masks = []
-        for b, (start, _end) in enumerate(self.layout.buckets):
-            s = self.layout.shard_size(b)
-            masks.append(
-                torch.stack(
-                    [
-                        owner_mask(self.bases[b], statistic[j, start + j * s : start + (j + 1) * s])
-                        for j in range(self.world_size)
-                    ]
-                )
-            )
-        return masks
-
     def bytes_per_step(self, dense: bool) -> dict[str, float]:
         """Per rank: the all-reduce of each bucket's values and its finite flag (booked as its
         reduce-scatter and all-gather halves) and the all-gather of the next step's masks (one
@@ -302,52 +283,57 @@ class Simulator:
         fresh = self._flat_grads(grads)
         dense = t <= cfg.dense_warmup_steps or self.masks is None
         bytes_ = self.bytes_per_step(dense)
-        cand = accumulate(self.moment, fresh, cfg.moment_beta)
-        wires, synced = [], []
-        for b, (start, end) in enumerate(self.layout.buckets):
-            basis = None if dense else self.bases[b]
+        wire_dtype = WIRE_DTYPES[cfg.value_dtype]
+        spans = [slice(start, end) for start, end in self.layout.buckets]
+        synced = []
+        for b, span in enumerate(spans):
             masks = None if dense else self.masks[b]
-            wire = [
-                pack(basis, cand[w, start:end], masks, world_size=W, value_dtype=cfg.value_dtype)
-                for w in range(W)
-            ]
-            total = wire[0]
-            for w in range(1, W):
-                total = total + wire[w]  # the all-reduce, in rank order and the wire dtype
-            wires.append(wire)
-            synced.append(total)
-        # Any rank's non-finite gradient makes every rank skip (the adapter sends a flag
-        # with the values, and checks the summed buffer); nothing is committed, so the next
-        # step starts from intact moments.
-        if not (bool(all_finite(cand)) and all(bool(all_finite(s)) for s in synced)):
-            return StepResult(t, loss, float("nan"), True, bytes_)
-        self.updates += 1
-        norm = sum(buffer_sq_norm(s) for s in synced) ** 0.5  # ||q||, before clipping
-        clip = clip_coefficient(norm, hp.clip_grad)
-        for b, (start, end) in enumerate(self.layout.buckets):
-            basis = None if dense else self.bases[b]
-            masks = None if dense else self.masks[b]
+            payloads = []
             for w in range(W):
-                commit_moment_(self.moment[w, start:end], cand[w, start:end], basis, masks,
-                               wires[b][w], world_size=W)  # fmt: skip
-            step_bucket_(
-                self.flat_param[start:end],
-                None if self.second_moment is None else self.second_moment[start:end],
-                basis, masks, synced[b], world_size=W, decay=self.decay_runs[b],
-                decay_factor=1.0 - lr * hp.weight_decay, update=cfg.update, step=self.updates,
-                lr=lr, beta=cfg.second_moment_beta, eps=hp.eps, clip=clip,
+                step = self.steps[w][b]
+                payload = torch.empty(step.payload_numel(dense), dtype=wire_dtype,
+                                      device=self.device)  # fmt: skip
+                step.pack(self.moment[w, span], fresh[w, span], masks, payload)
+                payloads.append(payload)
+            total = payloads[0]
+            for w in range(1, W):
+                total = total + payloads[w]  # the all-reduce, in rank order and the wire dtype
+            synced.append(total)
+        # Any rank's non-finite gradient makes every rank skip: its flag (inf) travels in the
+        # sum, as in the adapter. Nothing is committed, so the next step starts from intact
+        # moments.
+        if not all(bool(torch.isfinite(s).all()) for s in synced):
+            return StepResult(t, loss, float("nan"), True, bytes_)
+        synced = [s[:-1] for s in synced]  # the values, without the flag
+        self.updates += 1
+        norm, clip = step_clip(synced, hp.clip_grad, self.implementation)  # ||q||, unclipped
+        # After the dense warm-up, every owner makes its shard's mask for the next step.
+        new_masks = None
+        if t >= cfg.dense_warmup_steps:
+            new_masks = [torch.empty(W, basis.num_selected, dtype=torch.int64,
+                                     device=self.device) for basis in self.bases]  # fmt: skip
+        for b, span in enumerate(spans):
+            masks = None if dense else self.masks[b]
+            update = Update(
+                param=self.flat_param[span],
+                second_moment=None if self.second_moment is None else self.second_moment[span],
+                param_out=None, decay_factor=1.0 - lr * hp.weight_decay, lr=lr,
+                step=self.updates, clip=clip,
             )  # fmt: skip
+            for w in range(W):  # every worker commits its moment; the params step once
+                self.steps[w][b].finish(
+                    self.moment[w, span], fresh[w, span], masks, synced[b],
+                    update=update if w == 0 else None,
+                    next_mask=None if new_masks is None else new_masks[b][w],
+                )  # fmt: skip
         self.last_used_masks = None if dense else self.masks
         self.last_synced = synced  # the summed buffers every rank stepped with (last_q)
         overlap = None
-        if t >= cfg.dense_warmup_steps:
-            # After a dense step the moments are empty: the next masks come from what was
-            # just sent in full (the candidates), otherwise from the committed moments.
-            new_masks = self._owner_masks(cand if dense else self.moment)
+        if new_masks is not None:
             if self.last_used_masks is not None:
                 overlap = _overlap(self.bases, self.last_used_masks, new_masks)
             self.masks = new_masks
-        return StepResult(t, loss, norm, False, bytes_, mask_overlap=overlap,
+        return StepResult(t, loss, float(norm), False, bytes_, mask_overlap=overlap,
                           moment_norm=float(self.moment.norm()))  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Fixtures shared across the test directories."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Without a GPU, Triton's kernels (scape.fused) run under its interpreter: set before anything
+# imports triton, and inherited by the ranks the tests spawn.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # the environment tests run without torch
+    pass
 
 
 @pytest.fixture(scope="session")

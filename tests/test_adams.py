@@ -130,3 +130,43 @@ def test_state_dict_round_trip_continues_identically():
 def test_rejects_bad_hyperparameters(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         AdamS([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+
+
+def test_the_fused_kernel_agrees_with_the_single_tensor_rule():
+    """scape.fused.adams_fused_ (Triton; the CPU interpreter without a GPU) against
+    adams_update_, over steps with weight decay: the same numbers to fp32 rounding."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    p0 = torch.randn(5_001, generator=g).to(device)
+    ref_p, ref_m = p0.clone(), torch.zeros_like(p0)
+    fused_p, fused_m = p0.clone(), torch.zeros_like(p0)
+    for step in range(1, 6):
+        grad = torch.randn(5_001, generator=g).to(device)
+        kw = dict(step=step, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+        adams_update_(ref_p, ref_m, grad, **kw)
+        AdamS_fused_step(fused_p, fused_m, grad, **kw)
+    torch.testing.assert_close(fused_m, ref_m, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(fused_p, ref_p, rtol=1e-6, atol=1e-7)
+
+
+def AdamS_fused_step(p, m, grad, **kw):
+    """One step of the optimizer class with fused=True on one tensor."""
+    step = kw.pop("step")
+    param = torch.nn.Parameter(p)
+    opt = AdamS([param], lr=kw["lr"], betas=(kw["beta1"], kw["beta2"]), eps=kw["eps"],
+                weight_decay=kw["weight_decay"], fused=True)  # fmt: skip
+    opt.state[param] = {"step": torch.tensor(float(step - 1)), "exp_avg": m}
+    param.grad = grad
+    opt.step()
+    p.copy_(param.detach())
+
+
+def test_fused_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="fused=True"):
+        AdamS([param], fused=True).step()
+    with pytest.raises(ValueError, match="exclusive"):
+        AdamS([param], fused=True, foreach=True)

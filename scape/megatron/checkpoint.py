@@ -74,7 +74,7 @@ def scape_state_dict(opt) -> dict:
         "second_moment": st.second_moment,
         "main": st.main,
         "param_buffer": opt.param_buffer,
-        "masks": st.masks,
+        "masks": None if st.masks is None else [m.long() for m in st.masks],
         "rng": rng,
         "bytes": st.comm.counter.snapshot(),  # informative; counters restart on resume
     }
@@ -193,7 +193,7 @@ def load_scape_state_dict(opt, state: dict) -> int:
         if st.main.data_ptr() != opt.param_buffer.data_ptr():
             st.main.copy_(state["main"])
     st.step, st.updates = int(state["step"]), int(state["updates"])
-    st.masks = None if state["masks"] is None else [m.to(st.device) for m in state["masks"]]
+    st.set_masks(state["masks"])
     st.clear_step()
     torch.set_rng_state(state["rng"]["cpu"])
     if "cuda" in state["rng"] and torch.cuda.is_available():

@@ -2,7 +2,10 @@
 
 Two inner optimizers behind Megatron's ``DistributedOptimizer``, fp32 main params:
 
-* ``adamw``: Megatron's own Adam in AdamW mode, built by ``get_megatron_optimizer``;
+* ``adamw``: Megatron's own Adam in AdamW mode, built by ``get_megatron_optimizer``. Without
+  Transformer Engine or Apex that is ``torch.optim.AdamW``, which Megatron builds with its
+  default, foreach kernels; on CUDA it is switched to torch's fused kernel (one pass), the
+  baseline a GPU user would have (the same arithmetic, to rounding);
 * ``adams``: our :class:`scape.adams.AdamS`. Megatron's factory builds only Adam/SGD, and
   ``DistributedOptimizer.__init__`` asserts an Adam-class inner optimizer. So we let the stock
   factory build everything (parameter groups with Megatron's weight-decay rules, shard-sized
@@ -139,7 +142,15 @@ def build_dense_optimizer(ddp, spec: OptimizerSpec, *, bf16: bool = False):
             adams.param_groups = groups
             dist_opt.optimizer = adams
             dist_opt.init_state_fn = adams_init_state
-    elif spec.kind != "adamw":
+    elif spec.kind == "adamw":
+        for dist_opt in chained.chained_optimizers:
+            inner = dist_opt.optimizer
+            params = [p for g in inner.param_groups for p in g["params"]]
+            fusable = isinstance(inner, torch.optim.AdamW) and not inner.state and params
+            if fusable and all(p.is_cuda for p in params):
+                for group in inner.param_groups:  # read at every step; no state exists yet
+                    group["fused"], group["foreach"] = True, False
+    else:
         raise ValueError(f"unknown optimizer kind {spec.kind!r}")
     set_hyperparams(chained, lr=spec.lr, weight_decay=spec.weight_decay)
     return chained

@@ -23,7 +23,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ModelShape", "SHAPES", "build_gpt_model", "count_params", "transformer_config"]
+__all__ = ["ATTENTIONS", "ModelShape", "SHAPES", "build_gpt_model", "count_params",
+           "transformer_config"]  # fmt: skip
 
 Family = Literal["gpt", "llama"]
 
@@ -127,22 +128,40 @@ def transformer_config(shape: ModelShape, *, bf16: bool = False, **overrides):
     return TransformerConfig(**{**common, **family, **overrides})
 
 
+ATTENTIONS = ("local", "sdpa")
+
+
 def build_gpt_model(
-    shape: ModelShape, *, device: str | torch.device = "cpu", bf16: bool = False, **overrides
+    shape: ModelShape,
+    *,
+    device: str | torch.device = "cpu",
+    bf16: bool = False,
+    attention: str | None = None,
+    **overrides,
 ):
     """Return ``(TransformerConfig, GPTModel)`` for ``shape`` on ``device``.
 
     Megatron's model-parallel state must be initialized (see :func:`scape.megatron.dense.
     init_megatron`). ``bf16`` gives bf16 params (GPU runs; the optimizer keeps fp32 main
-    params). The model's forward takes ``(tokens, position_ids, attention_mask, labels=...)``
-    and returns the per-token loss ``[batch, seq]`` when labels are given.
+    params). ``attention``: ``local`` (the spec's unfused core) or ``sdpa`` (torch's fused
+    attention, :mod:`scape.megatron.attention`); None: ``sdpa`` on CUDA, ``local`` elsewhere.
+    The model's forward takes ``(tokens, position_ids, attention_mask, labels=...)`` and
+    returns the per-token loss ``[batch, seq]`` when labels are given.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    if attention is None:
+        attention = "sdpa" if torch.device(device).type == "cuda" else "local"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention={attention!r} is not one of {ATTENTIONS}")
     config = transformer_config(shape, bf16=bf16, **overrides)
     llama = shape.family == "llama"
     spec = get_gpt_layer_local_spec(normalization="RMSNorm" if llama else "LayerNorm")
+    if attention == "sdpa":
+        from scape.megatron.attention import SDPAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

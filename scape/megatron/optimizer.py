@@ -15,14 +15,16 @@ One step, per rank, after backward has packed every bucket and its all-reduce ha
 1. ``prepare_grads``: the summed buffer carries every rank's finite flag, so all ranks see
    the same verdict with no extra collective; a skipped step changes nothing (moments,
    second moment, masks and params stay as they were).
-2. ``step_with_ready_grads``: each rank removes what it sent from its moment, decodes the
-   buffer into q (the same on every rank), applies decoupled weight decay and the update to
-   every entry of its fp32 params, writes them into the model's param buffer, then makes the
-   masks of the shards it owns for the next step and starts their all-gather.
+2. ``step_with_ready_grads``: bucket by bucket, each rank removes what it sent from its
+   moment, decodes the buffer into q (the same on every rank), applies decoupled weight decay
+   and the update to every entry of its fp32 params, writes them into the model's param
+   buffer, and makes the mask of the shard it owns for the next step; then it starts the
+   masks' all-gather. (One :class:`scape.step.BucketStep` call per bucket: ``finish``.)
 3. Every ``check_every`` steps, a cross-rank checksum of params and masks; a mismatch raises.
 
-The arithmetic is :mod:`scape.shard`'s, called as the simulator calls it; oracle and product
-differ only in transport.
+The arithmetic is :mod:`scape.step`'s, called as the simulator calls it; oracle and product
+differ only in transport. Megatron's per-shard fp32 main params become views of SCAPE's fp32
+params (``main``), so they hold no memory of their own and show what SCAPE steps.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-from torch.profiler import record_function
 
 from scape.config import ScapeConfig
 from scape.megatron.bucket_group import promote_bucket_groups
@@ -41,14 +42,8 @@ from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
 from scape.megatron.state import ScapeState
-from scape.shard import (
-    buffer_sq_norm,
-    clip_coefficient,
-    commit_moment_,
-    decay_runs,
-    runs_within,
-    step_bucket_,
-)
+from scape.shard import decay_runs, runs_within
+from scape.step import Update, step_clip
 
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
@@ -66,27 +61,58 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
     scape: ScapeState
 
     # ------------------------------------------------------------------ set-up
-    def init_scape(self, ddp, config: ScapeConfig, check_every: int) -> None:
+    def init_scape(
+        self, ddp, config: ScapeConfig, check_every: int, implementation: str | None = None
+    ) -> None:
         buffer = single_buffer(ddp)
         self.ddp, self.check_every = ddp, check_every
         self.param_buffer = buffer.param_data
         self.grad_buffer = buffer.grad_data
-        self.scape = ScapeState(
-            config,
-            bucket_shards(ddp),
-            group=self.data_parallel_group,
-            device=buffer.grad_data.device,
-        )
-        # fp32 models: the param buffer is the fp32 copy every rank updates; bf16 models keep
-        # a separate fp32 copy of every entry (replicated, like the moment).
-        fp32 = buffer.param_data.dtype == torch.float32
-        self.scape.main = buffer.param_data if fp32 else buffer.param_data.float()
+        shards = bucket_shards(ddp)
         # weight decay's runs of entries, bucket by bucket and relative to each bucket (the
         # buckets tile the buffer: see ScapeState)
         runs = decay_runs(self._weight_decay_mask(ddp, buffer))
-        self._decay_runs = [runs_within(runs, s.start, s.end) for s in self.scape.shards]
+        self.scape = ScapeState(
+            config,
+            shards,
+            group=self.data_parallel_group,
+            device=buffer.grad_data.device,
+            decay_runs=[runs_within(runs, s.start, s.end) for s in shards],
+            eps=self._eps(),
+            implementation=implementation,
+        )
+        # fp32 models: the param buffer is the fp32 copy every rank updates; bf16 models keep
+        # a separate fp32 copy of every entry (replicated, like the moment), which Megatron's
+        # shard main params then view instead of holding copies of their own.
+        if buffer.param_data.dtype == torch.float32:
+            self.scape.main = buffer.param_data
+        else:
+            self._release_main_params()
+            self.scape.main = buffer.param_data.float()
+            self._view_main_params(self.scape.main)
         self._grad_norm = torch.zeros((), dtype=torch.float32)
         promote_bucket_groups(ddp, self.scape)
+
+    def _shard_main_params(self) -> list[tuple]:
+        """(model param, its fp32 shard main param) for this rank's bf16 params."""
+        return [
+            (model_param, main_param)
+            for models, mains in zip(self.model_float16_groups,
+                                     self.shard_fp32_from_float16_groups, strict=True)
+            for model_param, main_param in zip(models, mains, strict=True)
+        ]  # fmt: skip
+
+    def _release_main_params(self) -> None:
+        """Free Megatron's fp32 copies of this rank's shard before SCAPE's own is allocated,
+        so the two never coexist (the peak would count both)."""
+        for _, main_param in self._shard_main_params():
+            main_param.data = main_param.data.new_empty(0)
+
+    def _view_main_params(self, main: torch.Tensor) -> None:
+        """Point Megatron's fp32 shard main params at the same entries of SCAPE's ``main``."""
+        for model_param, main_param in self._shard_main_params():
+            where = self._get_model_param_range_map(model_param)["gbuf_world"]
+            main_param.data = main[where.start : where.end]
 
     def _weight_decay_mask(self, ddp, buffer) -> torch.Tensor:
         """Buffer entries weight decay applies to: params of groups whose ``wd_mult`` is not 0
@@ -99,7 +125,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
             names[p]: groups[g].get("wd_mult", 1.0) != 0.0
             for p, (g, _) in self.model_param_group_index_map.items()
         }
-        gathered: list[dict] = [None] * self.scape.world_size
+        gathered: list[dict] = [None] * dist.get_world_size(self.data_parallel_group)
         dist.all_gather_object(gathered, local, group=self.data_parallel_group)
         decays = {k: v for d in gathered for k, v in d.items()}
         mask = torch.zeros(buffer.numel, dtype=torch.bool, device=buffer.param_data.device)
@@ -144,39 +170,32 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
     @torch.no_grad()
     @outside_megatron()
     def step_with_ready_grads(self) -> bool:
-        st, cfg, W = self.scape, self.scape.config, self.scape.world_size
+        st, cfg = self.scape, self.scape.config
         lr, weight_decay = self._lr_and_weight_decay()
         dense = st.step_is_dense()
         st.updates += 1
         # ||q|| over every bucket, before clipping, off the summed buffers (the same on every
         # rank, no collective); clipped by Megatron's clip_grad, as the dense arm's gradient
-        norm = sum(buffer_sq_norm(st.synced(b)) for b in range(len(st.shards))) ** 0.5
-        clip = clip_coefficient(norm, self.config.clip_grad)
+        norm, clip = step_clip(st.synced_all(), self.config.clip_grad, st.implementation)
+        # After the dense warm-up, each rank makes its own shards' masks for the next step.
+        make_masks = st.step >= cfg.dense_warmup_steps
+        separate = st.main.data_ptr() != self.param_buffer.data_ptr()  # bf16 model params
         for b, shard in enumerate(st.shards):
-            basis = None if dense else st.bases[b]
-            masks = None if dense else st.masks[b]
             span = slice(shard.start, shard.end)
-            # record_function: named spans for torch.profiler (benchmarks.megatron_step --parts)
-            with record_function("scape.commit"):
-                commit_moment_(st.moment[span], st.candidate[span], basis, masks, st.wires[b],
-                               world_size=W)  # fmt: skip
-            with record_function("scape.update"):
-                step_bucket_(
-                    st.main[span], None if st.second_moment is None else st.second_moment[span],
-                    basis, masks, st.synced(b), world_size=W, decay=self._decay_runs[b],
-                    decay_factor=1.0 - lr * weight_decay, update=cfg.update, step=st.updates,
-                    lr=lr, beta=cfg.second_moment_beta, eps=self._eps(), clip=clip,
-                )  # fmt: skip
-        self._grad_norm = torch.tensor(norm, dtype=torch.float64)
+            update = Update(
+                param=st.main[span],
+                second_moment=None if st.second_moment is None else st.second_moment[span],
+                param_out=self.param_buffer[span] if separate else None,
+                decay_factor=1.0 - lr * weight_decay, lr=lr, step=st.updates, clip=clip,
+            )  # fmt: skip
+            st.steps[b].finish(
+                st.moment[span], self.grad_buffer[span], None if dense else st.masks[b],
+                st.synced(b), update=update, next_mask=st.next_mask_out(b) if make_masks else None,
+            )  # fmt: skip
+        self._grad_norm = norm
         st.last_used_masks = None if dense else st.masks
-        main = st.main
-        if main.data_ptr() != self.param_buffer.data_ptr():
-            self.param_buffer.copy_(main)
-        if st.step >= cfg.dense_warmup_steps:
-            # After a dense step the moments are empty: the next masks come from what was just
-            # sent in full (the candidates), otherwise from the committed moments.
-            with record_function("scape.select"):
-                st.start_next_masks(st.candidate if dense else st.moment)
+        if make_masks:
+            st.start_mask_exchange()
         if self.check_every and st.step % self.check_every == 0:
             self.check_consistency()
         st.clear_step()
@@ -231,6 +250,7 @@ def build_scape_optimizer(
     *,
     bf16: bool = False,
     check_every: int = 100,
+    implementation: str | None = None,
 ) -> ScapeDistributedOptimizer:
     """Megatron's distributed optimizer for ``ddp``, built by the stock factory as SCAPE's.
 
@@ -238,6 +258,7 @@ def build_scape_optimizer(
     AdamS but ``config.update``'s (``rms``: q over the root of a second moment rebuilt from q,
     RMSprop-like; ``sign``: sign(q)), with ``config``'s own betas, so ``spec.kind``, beta1 and
     beta2 are ignored. ``check_every``: steps between replica checksums (0: never).
+    ``implementation``: :mod:`scape.step`'s (None: by device, the fused kernels on CUDA).
     """
     from megatron.core.optimizer import get_megatron_optimizer
 
@@ -250,7 +271,7 @@ def build_scape_optimizer(
             "DistributedOptimizer subclass: this release constructs its optimizer another way; "
             "see scape/megatron/versions.py for the tested versions"
         )
-    opt.init_scape(ddp, config, check_every)
+    opt.init_scape(ddp, config, check_every, implementation)
     set_hyperparams(opt, lr=spec.lr, weight_decay=spec.weight_decay)
     return opt
 

@@ -1,18 +1,25 @@
 """What one rank holds for SCAPE inside Megatron, and the two exchanges over it.
 
 Shared by the bucket groups (which pack each bucket at its mask and start the all-reduce of
-the values during backward) and the optimizer (which does the arithmetic with the pure
-functions of :mod:`scape.shard`, exactly as the simulator does).
+the values during backward) and the optimizer (which finishes the step bucket by bucket). The
+arithmetic is one :class:`scape.step.BucketStep` per bucket, the same objects the simulator
+holds per worker: ``blocked`` on CPU, ``fused`` Triton kernels on CUDA.
 
 Per rank, for the whole flat buffer (N entries, Megatron's layout):
   moment (N,) fp32         this rank's own first moment of its own gradients
   second_moment (N,) fp32  rebuilt from the synchronized buffer (``update="rms"``), replicated
   main (N,) fp32           the params every rank updates in full (the param buffer itself for
-                           fp32 models, a separate copy for bf16 ones), replicated
+                           fp32 models, a separate copy for bf16 ones, which Megatron's own
+                           fp32 main params then view), replicated
 Megatron's grad buffer receives only the fresh gradient and is zeroed every step as usual;
 the moment is kept apart, so a non-finite step is dropped without touching it.
-Masks: ``masks[b]`` (W, n_b) int64 chunk offsets of bucket b's W shards, the same on every
-rank, for the coming step; shard j's row was made by rank j (its owner).
+
+Sized once: the payloads of every bucket (values and a finite flag, in the wire dtype) are
+views of one buffer, which a fused exchange all-reduces in place; the owner's masks are
+written into one send buffer and gathered into one of two receive buffers (the masks in use
+stay readable while the next step's arrive). ``masks[b]`` (W, n_b) uint8 chunk offsets of
+bucket b's W shards, the same on every rank, for the coming step; shard j's row was made by
+rank j (its owner). Only the dense warm-up allocates per step (its payloads hold every entry).
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from scape.basis import ShardBasis
 from scape.comm import ByteCounter, SparseCommunicator
 from scape.config import ScapeConfig
 from scape.megatron.layout import BucketShard
-from scape.shard import accumulate, all_finite, owner_mask, pack
+from scape.shard import WIRE_DTYPES
+from scape.step import Geometry, make_bucket_step, resolve_implementation
 
 __all__ = ["ScapeState", "WaitAll"]
 
@@ -38,7 +45,10 @@ class ScapeState:
         *,
         group,
         device: torch.device,
+        decay_runs: list[list[tuple[int, int]]],
+        eps: float,
         counter: ByteCounter | None = None,
+        implementation: str | None = None,
     ) -> None:
         self.config = config
         self.shards = shards
@@ -50,7 +60,14 @@ class ScapeState:
             raise ValueError(
                 f"buckets must tile the buffer from 0: starts {[s.start for s in shards]}"
             )
-        self.bases = [ShardBasis(s.size, config.chunk, config.k, device) for s in shards]
+        self.implementation = resolve_implementation(implementation, device)
+        self.steps = [
+            make_bucket_step(self.implementation,
+                             Geometry(s.size, self.world_size, config.chunk, config.k),
+                             self.rank, config, device, runs, eps)
+            for s, runs in zip(shards, decay_runs, strict=True)
+        ]  # fmt: skip
+        self.bases = [step.basis for step in self.steps]
         total = shards[-1].end
         self.moment = torch.zeros(total, dtype=torch.float32, device=device)
         self.second_moment = (
@@ -58,51 +75,78 @@ class ScapeState:
             if config.update == "rms"
             else None
         )
-        # this step's candidate moments, bucket by bucket (reused: a fresh (N,) buffer every
-        # step would cost its page faults on CPU)
-        self.candidate = torch.zeros_like(self.moment)
         self.main: Tensor | None = None  # set by the optimizer (it knows the param buffer)
         self.step = 0  # steps taken, skipped ones included (as the simulator counts)
         self.updates = 0  # accepted steps: the rebuilt second moment's bias correction
+        self.wire_dtype = WIRE_DTYPES[config.value_dtype]
+        # The sparse payloads, every bucket's a view of one buffer.
+        self._sparse_payload = torch.empty(sum(s.payload_numel(False) for s in self.steps),
+                                           dtype=self.wire_dtype, device=device)  # fmt: skip
+        # Masks: this rank's own (every bucket's, back to back) and the gathered ones.
+        self._mask_offsets = [0]
+        for step in self.steps:
+            self._mask_offsets.append(self._mask_offsets[-1] + step.num_selected)
+        n_masks = self._mask_offsets[-1]
+        self._mask_send = torch.empty(n_masks, dtype=torch.uint8, device=device)
+        self._mask_recv = [torch.empty(self.world_size * n_masks, dtype=torch.uint8,
+                                       device=device) for _ in range(2)]  # fmt: skip
+        self._recv_next = 0  # which receive buffer the next exchange fills
         self.masks: list[Tensor] | None = None  # for the coming step; None: not known yet
-        self._pending: tuple | None = None  # (gathered, work) of a mask all-gather
-        # Per-step transport, filled bucket by bucket during backward.
-        n = len(shards)
-        self.dense: bool | None = None  # this step sends everything (warm-up)
-        self.wires: list[Tensor | None] = [None] * n
-        self.payloads: list[Tensor | None] = [None] * n  # wire + finite flag, reduced in place
-        self._fused: _FusedExchange | None = None
         self.last_used_masks: list[Tensor] | None = None
+        self._pending = None  # the work of a mask all-gather in flight
+        # Per-step transport, filled bucket by bucket during backward.
+        self.dense: bool | None = None  # this step sends everything (warm-up)
+        self.payload: Tensor | None = None  # every bucket's payload, reduced in place
+        self.payloads: list[Tensor] | None = None  # bucket b's view of it
+        self._fused: _FusedExchange | None = None
 
     # ------------------------------------------------------------------ masks
     def own_range(self, b: int) -> tuple[int, int]:
         return self.shards[b].shard_range(self.rank)
 
-    def start_next_masks(self, statistic: Tensor) -> None:
-        """This rank's masks of its own shards for the next step, from ``statistic`` (its
-        committed moment, or after a dense step the candidate it just sent in full), all-
-        gathered asynchronously so that the exchange hides behind the next forward/backward.
-        One byte per selected coefficient (chunk offsets are below 256)."""
-        own = []
-        for b in range(len(self.shards)):
-            lo, hi = self.own_range(b)
-            own.append(owner_mask(self.bases[b], statistic[lo:hi]).to(torch.uint8))
+    def next_mask_out(self, b: int) -> Tensor:
+        """Where this rank writes its mask of its own shard of bucket ``b`` for the next step."""
+        return self._mask_send[self._mask_offsets[b] : self._mask_offsets[b + 1]]
+
+    def start_mask_exchange(self) -> None:
+        """All-gather the masks this rank made of its own shards (every bucket's written into
+        :meth:`next_mask_out`), asynchronously, so that the exchange hides behind the next
+        forward/backward. One byte per selected coefficient (chunk offsets are below 256)."""
         self.masks = None
-        gathered, work = self.comm.all_gather_masks(torch.cat(own), async_op=True)
-        self._pending = (gathered, work)
+        recv = self._mask_recv[self._recv_next]
+        _, work = self.comm.all_gather_masks(self._mask_send, out=recv, async_op=True)
+        self._pending = (recv, work)
 
     def finish_mask_exchange(self) -> None:
         if self._pending is None:
             return
-        gathered, work = self._pending
+        recv, work = self._pending
         self._pending = None
         if work is not None:
             work.wait()
-        per_rank = gathered.view(self.world_size, -1).long()
-        self.masks, offset = [], 0
-        for basis in self.bases:
-            self.masks.append(per_rank[:, offset : offset + basis.num_selected].contiguous())
-            offset += basis.num_selected
+        self._set_masks_from(recv)
+        self._recv_next = 1 - self._recv_next
+
+    def _mask_spans(self) -> list[tuple[int, int]]:
+        """Each bucket's columns in a rank's row of the gathered masks."""
+        return list(zip(self._mask_offsets[:-1], self._mask_offsets[1:], strict=True))
+
+    def _set_masks_from(self, recv: Tensor) -> None:
+        per_rank = recv.view(self.world_size, -1)
+        self.masks = [per_rank[:, lo:hi] for lo, hi in self._mask_spans()]
+
+    def set_masks(self, masks: list[Tensor] | None) -> None:
+        """Install masks (W, n_b) per bucket, e.g. from a checkpoint."""
+        self.finish_mask_exchange()
+        if masks is None:
+            self.masks = None
+            return
+        recv = self._mask_recv[self._recv_next]
+        per_rank = recv.view(self.world_size, -1)
+        for (lo, hi), m in zip(self._mask_spans(), masks, strict=True):
+            per_rank[:, lo:hi].copy_(m)
+        self._set_masks_from(recv)
+        self._recv_next = 1 - self._recv_next
 
     def step_is_dense(self) -> bool:
         """Whether the step being run sends everything: the warm-up, or no masks yet (only
@@ -114,25 +158,27 @@ class ScapeState:
         return self.dense
 
     # ------------------------------------------------------------------ the values
+    def _open_payloads(self) -> None:
+        """This step's payload views: the sparse buffer, or a dense one for the warm-up."""
+        dense = self.step_is_dense()
+        sizes = [step.payload_numel(dense) for step in self.steps]
+        self.payload = (
+            torch.empty(sum(sizes), dtype=self.wire_dtype, device=self.device)
+            if dense
+            else self._sparse_payload
+        )
+        self.payloads = list(self.payload.split(sizes))
+
     @record_function("scape.pack")
     def pack_bucket(self, b: int, grad: Tensor) -> Tensor:
-        """Candidate moment of bucket ``b`` and this rank's packed values at the masks, plus
+        """This rank's values of bucket ``b`` at the masks (every entry in the warm-up), plus
         one flag entry (0, or inf if any of this rank's candidate entries is not finite) that
         the sum carries to every rank: a skip decision with no extra collective."""
+        if self.payloads is None:
+            self._open_payloads()
         shard = self.shards[b]
-        cand = accumulate(self.moment[shard.start : shard.end], grad, self.config.moment_beta,
-                          out=self.candidate[shard.start : shard.end])  # fmt: skip
-        dense = self.step_is_dense()
-        wire = pack(
-            None if dense else self.bases[b],
-            cand,
-            None if dense else self.masks[b],
-            world_size=self.world_size,
-            value_dtype=self.config.value_dtype,
-        )
-        flag = torch.where(all_finite(cand), 0.0, float("inf")).to(wire.dtype)
-        self.wires[b] = wire
-        self.payloads[b] = torch.cat([wire, flag.reshape(1)])
+        masks = None if self.dense else self.masks[b]
+        self.steps[b].pack(self.moment[shard.start : shard.end], grad, masks, self.payloads[b])
         return self.payloads[b]
 
     def start_grad_exchange(self, b: int, grad: Tensor, *, async_op: bool):
@@ -155,22 +201,26 @@ class ScapeState:
             self._fused.wait(require=True)
         return self.payloads[b][:-1]
 
+    def synced_all(self) -> list[Tensor]:
+        return [self.synced(b) for b in range(len(self.shards))]
+
     def step_is_finite(self) -> bool:
+        """Every bucket's summed values and flags finite (one check, one host sync)."""
         if self._fused is not None:
             self._fused.wait(require=True)
-        return all(bool(torch.isfinite(p).all()) for p in self.payloads)
+        return bool(torch.isfinite(self.payload).all())
 
     def clear_step(self) -> None:
-        """Forget this step's transport buffers."""
-        n = len(self.shards)
+        """Forget this step's transport (a dense warm-up's payloads are freed)."""
         self.dense = None
-        self.wires, self.payloads = [None] * n, [None] * n
+        self.payload = self.payloads = None
         self._fused = None
 
 
 class _FusedExchange:
-    """One all-reduce of all buckets' payloads, concatenated in bucket order; every bucket
-    group's handle is this object, so Megatron's ``finish_grad_sync`` waits on it.
+    """One all-reduce of every bucket's payload: they are views of one buffer, reduced in
+    place. Every bucket group's handle is this object, so Megatron's ``finish_grad_sync``
+    waits on it.
 
     On a first batch Megatron starts and waits on the bucket groups one by one, so a wait can
     come before the last bucket is packed: it then returns at once (nothing reads a bucket's
@@ -178,30 +228,25 @@ class _FusedExchange:
 
     def __init__(self, state: ScapeState) -> None:
         self.state, self.packed = state, 0
-        self.buffer: Tensor | None = None
+        self.started = False
         self.work = None
         self.done = False
 
     def start(self, *, async_op: bool) -> None:
-        st = self.state
-        self.buffer = torch.cat(st.payloads)
-        _, self.work = st.comm.all_reduce_values(self.buffer, async_op=async_op)
+        _, self.work = self.state.comm.all_reduce_values(self.state.payload, async_op=async_op)
+        self.started = True
         if not async_op:
             self.wait()
 
     def wait(self, *, require: bool = False) -> None:
         if self.done:
             return
-        if self.buffer is None:
+        if not self.started:
             if require:
                 raise RuntimeError("the optimizer step came before every bucket was packed")
             return
         if self.work is not None:
             self.work.wait()
-        offset = 0
-        for p in self.state.payloads:
-            p.copy_(self.buffer[offset : offset + p.numel()])
-            offset += p.numel()
         self.done = True
 
 

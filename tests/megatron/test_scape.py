@@ -53,7 +53,8 @@ def _split(b):
     return b[:, :-1], b[:, 1:]
 
 
-def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1, bf16: bool = False):
+def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1, bf16: bool = False,
+           implementation=None):  # fmt: skip
     from scape.megatron.dense import build_dense_optimizer, wrap_ddp
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.megatron.optimizer import build_scape_optimizer
@@ -69,11 +70,12 @@ def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1, bf16
         ddp.ddp_config.overlap_grad_reduce = False
     if scape is None:
         return model, ddp, build_dense_optimizer(ddp, spec, bf16=bf16)
-    opt = build_scape_optimizer(ddp, spec, scape, check_every=check_every, bf16=bf16)
+    opt = build_scape_optimizer(ddp, spec, scape, check_every=check_every, bf16=bf16,
+                                implementation=implementation)  # fmt: skip
     return model, ddp, opt
 
 
-def _simulator(shape_name, ddp, scape, spec, world_size):
+def _simulator(shape_name, ddp, scape, spec, world_size, implementation=None):
     from scape.megatron.layout import flat_layout
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.simulate import OptimizerHParams, Simulator
@@ -87,9 +89,8 @@ def _simulator(shape_name, ddp, scape, spec, world_size):
         weight_decay=spec.weight_decay,
         max_grad_norm=spec.clip_grad or None,
     )
-    sim = Simulator(
-        twin, world_size, method="scape", hparams=hp, scape=scape, layout=flat_layout(ddp)
-    )
+    sim = Simulator(twin, world_size, method="scape", hparams=hp, scape=scape,
+                    layout=flat_layout(ddp), implementation=implementation)  # fmt: skip
     return twin, sim
 
 
@@ -112,6 +113,7 @@ def _train(
     sync=True,
     save_at=None,
     bf16=False,
+    implementation=None,
 ):
     """Train; per step record loss, param digest, mask digest, bytes, and (rank 0, ``sim``)
     the simulator's agreement. ``sync=False`` leaves overlapped param all-gathers pending until
@@ -124,11 +126,12 @@ def _train(
     from scape.megatron.train import sync_params, train_step
 
     init_megatron(0)
-    model, ddp, opt = _build(shape_name, scape, spec, overlap=overlap, bf16=bf16)
+    model, ddp, opt = _build(shape_name, scape, spec, overlap=overlap, bf16=bf16,
+                             implementation=implementation)  # fmt: skip
     data = _data(SHAPES[shape_name], world_size)
     twin = simulator = None
     if sim and rank == 0:
-        twin, simulator = _simulator(shape_name, ddp, scape, spec, world_size)
+        twin, simulator = _simulator(shape_name, ddp, scape, spec, world_size, implementation)
     out = {"losses": [], "digests": [], "mask_digests": [], "bytes": [], "sim": []}
     for step in range(steps):
         before = dict(opt.scape.comm.counter.snapshot()) if scape else {}
@@ -150,7 +153,7 @@ def _train(
             sim_result = simulator.step([d[step % 4] for d in data], _sim_loss)
             pairs = list(zip(model.parameters(), twin.parameters(), strict=True))
             masks_equal = len(used) == len(simulator.last_used_masks or []) and all(
-                torch.equal(a, b)
+                torch.equal(a.long(), b)
                 for a, b in zip(used, simulator.last_used_masks or [], strict=True)
             )
             out["sim"].append(
@@ -223,6 +226,12 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
     out["all_dense"] = _train(rank, world_size, "tiny-llama", all_dense, _spec(), steps=6)
     out["bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=10, bf16=True)
     out["skip"] = _skip_and_divergence(rank, world_size)
+    # The GPU path (scape.fused's Triton kernels; here under Triton's CPU interpreter) in the
+    # adapter and in the simulator: every option of the Llama case, and bf16 model params.
+    out["fused_llama"] = _train(rank, world_size, "tiny-llama", _llama_cfg(), _spec(), steps=6,
+                                sim=True, implementation="fused")  # fmt: skip
+    out["fused_bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=6,
+                               bf16=True, implementation="fused")  # fmt: skip
     return out
 
 
@@ -362,7 +371,24 @@ def test_two_ranks_match_the_simulator_bit_for_bit(two, case):
         assert s["grad_norm"][0] == s["grad_norm"][1], f"step {step}"
 
 
-CASES_2 = ["gpt", "gpt_async", "gpt_sync", "gpt_fused", "llama", "every", "all_dense", "bf16"]
+CASES_2 = ["gpt", "gpt_async", "gpt_sync", "gpt_fused", "llama", "every", "all_dense", "bf16",
+           "fused_llama", "fused_bf16"]  # fmt: skip
+
+
+def test_the_fused_path_matches_the_simulator_bit_for_bit(two):
+    """The adapter's and the simulator's fused kernels: the same bits, masks and norms."""
+    for step, s in enumerate(two[0]["fused_llama"]["sim"], 1):
+        assert s["masks_equal"] and s["params_equal"], f"step {step}: {s['max_abs_diff']}"
+        assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-12), f"step {step}"
+
+
+@pytest.mark.parametrize(("fused", "blocked"), [("fused_llama", "llama"), ("fused_bf16", "bf16")])
+def test_the_fused_path_trains_as_the_blocked_path(two, fused, blocked):
+    """Same model, data and options through the two implementations: the losses agree to
+    rounding (the kernels sum in another order; bf16 params round the difference up)."""
+    for r in two:
+        n = len(r[fused]["losses"])
+        assert r[fused]["losses"] == pytest.approx(r[blocked]["losses"][:n], rel=2e-3)
 
 
 @pytest.mark.parametrize("case", CASES_2)

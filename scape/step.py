@@ -1,0 +1,364 @@
+"""One rank's SCAPE step over one bucket, behind one call, with one implementation per device.
+
+The Megatron adapter holds a :class:`BucketStep` per bucket; the simulator one per bucket and
+worker (each worker is a rank). A step is, per bucket:
+
+1. :meth:`BucketStep.pack` into the bucket's payload (W*n + 1,) in the wire dtype: this
+   rank's values at the masks (``masks`` None: the dense warm-up, every entry) and its
+   finite flag last (0, or inf when ``beta * m + g`` has a non-finite entry). Then the one
+   all-reduce of the payloads (the caller's).
+2. :meth:`BucketStep.finish` with the summed buffer: commit (``m = beta * m + g - sent``),
+   and with an :class:`Update` decode q, weight decay and the update of p and v; with
+   ``next_mask`` the owner's mask of its own shard for the next step.
+
+Two implementations of the same arithmetic (:mod:`scape.shard`'s):
+
+* ``blocked`` (CPU): :mod:`scape.shard` and :mod:`scape.basis` as they are, walking each shard
+  in cache-sized blocks with a candidate buffer reused step to step; the quality study's
+  numbers are this path's bits.
+* ``fused`` (CUDA): :mod:`scape.fused`'s Triton kernels, one call per bucket and pass, two
+  passes over memory (``pack``; commit, decode, update and the bf16 params in ``finish``)
+  and the select over the owned shard. It agrees with ``blocked`` to fp32 rounding
+  (tests: under Triton's CPU interpreter).
+
+Both name their parts for torch.profiler (``benchmarks.megatron_step --parts``):
+``scape.commit``, ``scape.update`` (the fused path's one kernel commits too) and
+``scape.select``; the adapter names ``scape.pack``.
+
+:func:`resolve_implementation` is the one place that chooses between them by device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+from scape.basis import ShardBasis, selected_count
+from scape.config import ScapeConfig
+from scape.shard import (
+    WIRE_DTYPES,
+    accumulate,
+    all_finite,
+    buffer_sq_norm,
+    clip_coefficient,
+    commit_moment_,
+    owner_mask,
+    pack,
+    step_bucket_,
+)
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "BucketStep",
+    "Geometry",
+    "Update",
+    "make_bucket_step",
+    "resolve_implementation",
+    "step_clip",
+]
+
+IMPLEMENTATIONS = ("blocked", "fused")
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_implementation(name: str | None, device: torch.device | str) -> str:
+    """The implementation a step on ``device`` runs: ``name`` if given (checked), else
+    ``fused`` on CUDA where Triton is installed and ``blocked`` everywhere else."""
+    device = torch.device(device)
+    if name is None:
+        return "fused" if device.type == "cuda" and _triton_importable() else "blocked"
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"SCAPE implementation {name!r} is not one of {IMPLEMENTATIONS}")
+    if name == "fused":
+        if not _triton_importable():
+            raise ValueError(
+                "SCAPE implementation 'fused' needs Triton (pip install triton, or a CUDA "
+                "build of torch, which brings it); use 'blocked'"
+            )
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"SCAPE implementation 'fused' runs Triton kernels: on {device.type} only "
+                "under TRITON_INTERPRET=1 (set before importing scape); use 'blocked'"
+            )
+    return name
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A bucket of ``world_size`` shards of ``shard_size`` entries, read in chunks."""
+
+    shard_size: int
+    world_size: int
+    chunk: int
+    k: int
+
+    @property
+    def full(self) -> int:  # full chunks per shard
+        return self.shard_size // self.chunk
+
+    @property
+    def tail(self) -> int:  # entries of the shorter last chunk (0: none)
+        return self.shard_size % self.chunk
+
+    @property
+    def k_tail(self) -> int:
+        return min(self.k, self.tail)
+
+    @property
+    def num_selected(self) -> int:  # n, coefficients per shard
+        return selected_count(self.shard_size, self.chunk, self.k)
+
+    @property
+    def rows_per_shard(self) -> int:
+        return self.full + (1 if self.tail else 0)
+
+    @property
+    def n_rows(self) -> int:
+        return self.world_size * self.rows_per_shard
+
+    @property
+    def numel(self) -> int:
+        return self.world_size * self.shard_size
+
+
+@dataclass(frozen=True)
+class Update:
+    """What :meth:`BucketStep.finish` steps with the decoded q: ``param`` (W*S,) fp32 in place,
+    ``second_moment`` (W*S,) for the rms update (None: sign), ``param_out`` the model's
+    lower-precision params written from ``param`` (None: ``param`` is the model's), and the
+    step's scalars; ``clip`` from :func:`step_clip` (None: no clipping). The constants (the
+    second moment's beta, eps) are the :class:`BucketStep`'s."""
+
+    param: Tensor
+    second_moment: Tensor | None
+    param_out: Tensor | None
+    decay_factor: float
+    lr: float  # this step's, from the schedule
+    step: int  # accepted updates, 1-based: the second moment's bias correction
+    clip: float | Tensor | None
+
+
+def step_clip(
+    synced: list[Tensor], max_norm: float | None, implementation: str
+) -> tuple[float | Tensor, float | Tensor | None]:
+    """``(||q||, clip coefficient)`` of a step from its summed buffers (Parseval: no decode;
+    see :func:`scape.shard.buffer_sq_norm`). ``blocked``: Python floats, summed bucket by
+    bucket in float64 as the quality runs did; ``fused``: 0-dim device tensors (the kernels
+    read the coefficient from memory, so nothing waits for the host), the coefficient 1 where
+    Megatron's rule would not scale."""
+    if implementation == "blocked":
+        norm = sum(buffer_sq_norm(s) for s in synced) ** 0.5
+        return norm, clip_coefficient(norm, max_norm)
+    squares = torch.stack([torch.dot(s.float(), s.float()) for s in synced])
+    norm = squares.double().sum().sqrt()
+    if max_norm is None or max_norm <= 0:
+        return norm, None
+    return norm, (max_norm / (norm + 1.0e-6)).clamp(max=1.0).float().reshape(1)
+
+
+class BucketStep:
+    """One rank's step over one bucket (see the module docstring); built once, reused."""
+
+    implementation: str
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        rank: int,
+        config: ScapeConfig,
+        device: torch.device | str,
+        decay_runs: list[tuple[int, int]],
+        eps: float,
+    ) -> None:
+        self.geo, self.rank, self.config = geometry, rank, config
+        self.device = torch.device(device)
+        self.decay_runs = decay_runs  # [start, end) of entries weight decay applies to
+        self.eps = eps  # the rms update's denominator term (the optimizer's eps)
+        self.basis = ShardBasis(geometry.shard_size, config.chunk, config.k, self.device)
+        self.wire_dtype = WIRE_DTYPES[config.value_dtype]
+
+    @property
+    def num_selected(self) -> int:
+        return self.geo.num_selected
+
+    def payload_numel(self, dense: bool) -> int:
+        """Entries of the bucket's payload: every rank's values and one flag."""
+        return (self.geo.numel if dense else self.geo.world_size * self.num_selected) + 1
+
+    def own_range(self) -> tuple[int, int]:
+        """This rank's shard, relative to the bucket."""
+        s = self.geo.shard_size
+        return self.rank * s, (self.rank + 1) * s
+
+    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
+        raise NotImplementedError
+
+    def finish(
+        self,
+        moment: Tensor,
+        grad: Tensor,
+        masks: Tensor | None,
+        synced: Tensor,
+        *,
+        update: Update | None,
+        next_mask: Tensor | None,
+        commit: bool = True,
+    ) -> None:
+        raise NotImplementedError
+
+
+class BlockedBucketStep(BucketStep):
+    """:mod:`scape.shard`'s functions as they are (the CPU path, and the studies' bits)."""
+
+    implementation = "blocked"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._candidate: Tensor | None = None  # (W*S,) reused: fresh pages cost on CPU
+        self._wire: Tensor | None = None  # what this rank sent at the last pack
+
+    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
+        if self._candidate is None:
+            self._candidate = torch.empty(self.geo.numel, device=moment.device)
+        cand = accumulate(moment, grad, self.config.moment_beta, out=self._candidate)
+        self._wire = pack(
+            None if masks is None else self.basis,
+            cand,
+            None if masks is None else masks.long(),
+            world_size=self.geo.world_size,
+            value_dtype=self.config.value_dtype,
+        )
+        payload[:-1].copy_(self._wire)
+        payload[-1] = torch.where(all_finite(cand), 0.0, float("inf"))
+
+    def finish(self, moment, grad, masks, synced, *, update, next_mask, commit=True) -> None:
+        basis = None if masks is None else self.basis
+        masks = None if masks is None else masks.long()
+        W = self.geo.world_size
+        if commit:
+            with record_function("scape.commit"):
+                commit_moment_(moment, self._candidate, basis, masks, self._wire, world_size=W)
+        if update is not None:
+            with record_function("scape.update"):
+                self._update(update, basis, masks, synced)
+        if next_mask is not None:
+            # After a dense step the moments are empty: the next mask comes from what was
+            # just sent in full (the candidate), otherwise from the committed moment.
+            lo, hi = self.own_range()
+            statistic = self._candidate if masks is None else moment
+            with record_function("scape.select"):
+                next_mask.copy_(owner_mask(self.basis, statistic[lo:hi]))
+
+    def _update(self, update: Update, basis, masks, synced) -> None:
+        step_bucket_(
+            update.param, update.second_moment, basis, masks, synced,
+            world_size=self.geo.world_size, decay=self.decay_runs,
+            decay_factor=update.decay_factor,
+            update=self.config.update, step=update.step, lr=update.lr,
+            beta=self.config.second_moment_beta, eps=self.eps, clip=update.clip,
+        )  # fmt: skip
+        if update.param_out is not None:
+            update.param_out.copy_(update.param)
+
+
+class FusedBucketStep(BucketStep):
+    """:mod:`scape.fused`'s kernels: whole buckets per call, no candidate buffer."""
+
+    implementation = "fused"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from scape import fused
+
+        self._kernels = fused
+        d, d_tail = self.basis._d, self.basis._d_tail
+        # the chunk's DCT, then the tail's, in one tensor: the kernels pick a row's by offset
+        self._dct = (
+            d.reshape(-1) if d_tail is None else torch.cat([d.reshape(-1), d_tail.reshape(-1)])
+        )
+        self._sent_sparse = torch.empty(
+            self.geo.world_size * self.num_selected, dtype=self.wire_dtype, device=self.device
+        )  # what this rank sent, read back by the commit: sized once
+        self._sent: Tensor | None = None
+        self._no_clip = torch.ones(1, device=self.device)
+
+    @cached_property
+    def decay_bits(self) -> Tensor | None:
+        """Weight decay's entries as a bitmap, (ceil(W*S / 8),) uint8, bit i of byte b for
+        entry 8b + i: an eighth of a byte per entry rather than a bool each."""
+        if not self.decay_runs:
+            return None
+        numel = self.geo.numel
+        flags = torch.zeros(-(-numel // 8) * 8, dtype=torch.uint8, device=self.device)
+        for start, end in self.decay_runs:
+            flags[start:end] = 1
+        weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=self.device)
+        return (flags.view(-1, 8) * weights).sum(-1, dtype=torch.int32).to(torch.uint8)
+
+    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
+        wire, flag = payload[:-1], payload[-1:]
+        flag.zero_()
+        self._kernels.pack(self.geo, moment, grad, masks, self._dct, wire, flag,
+                           beta=self.config.moment_beta, world_size=self.geo.world_size)  # fmt: skip
+        if masks is not None:
+            self._sent = self._sent_sparse
+            self._sent.copy_(wire)
+        elif self.wire_dtype != torch.float32:  # the dense warm-up: keep what bf16 rounded
+            self._sent = wire.clone()
+        else:  # everything was sent exactly: the commit empties the moment
+            self._sent = None
+
+    def finish(self, moment, grad, masks, synced, *, update, next_mask, commit=True) -> None:
+        beta, lo, hi = self.config.moment_beta, *self.own_range()
+        if next_mask is not None and masks is None:  # from the candidate, before the commit
+            with record_function("scape.select"):
+                self._kernels.select(self.geo, moment[lo:hi], grad[lo:hi], self._dct,
+                                     next_mask, beta=beta)  # fmt: skip
+        kwargs = {}
+        if update is not None:
+            clip = update.clip
+            if clip is None:
+                clip = self._no_clip
+            elif not isinstance(clip, Tensor):
+                clip = torch.tensor([clip], dtype=torch.float32, device=self.device)
+            kwargs = dict(param=update.param, second_moment=update.second_moment,
+                          param_out=update.param_out, decay_bits=self.decay_bits, clip=clip,
+                          decay_factor=update.decay_factor, lr=update.lr,
+                          beta2=self.config.second_moment_beta, eps=self.eps,
+                          correction=1.0 - self.config.second_moment_beta**update.step)  # fmt: skip
+        with record_function("scape.update"):
+            self._kernels.finish(self.geo, moment, grad, masks, self._dct, self._sent, synced,
+                                 beta=beta, world_size=self.geo.world_size, commit=commit,
+                                 **kwargs)  # fmt: skip
+        if masks is None:
+            self._sent = None  # the dense warm-up's copy goes
+        if next_mask is not None and masks is not None:
+            with record_function("scape.select"):
+                self._kernels.select(self.geo, moment[lo:hi], None, self._dct, next_mask,
+                                     beta=beta)  # fmt: skip
+
+
+def make_bucket_step(
+    implementation: str,
+    geometry: Geometry,
+    rank: int,
+    config: ScapeConfig,
+    device: torch.device | str,
+    decay_runs: list[tuple[int, int]],
+    eps: float,
+) -> BucketStep:
+    """The bucket's step in ``implementation`` (from :func:`resolve_implementation`)."""
+    cls = {"blocked": BlockedBucketStep, "fused": FusedBucketStep}[implementation]
+    return cls(geometry, rank, config, device, decay_runs, eps)
