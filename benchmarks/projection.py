@@ -54,26 +54,30 @@ def _flops(shape, tokens: int, n_params: int) -> float:
 
 def gpu_calibration(root: Path = Path("results/gpu")) -> dict | None:
     """The newest GPU check's calibration, or None when there is none. mfu: FLOPs of its dense
-    GPT-345M steps (8 sequences, W=1) / (median step x peak); kernels: per-step seconds of one
-    rank of W=32 at Llama-1.8B (``buckets`` buckets), SCAPE's per sparsity and dense AdamS's."""
+    AdamS GPT-345M step (W=1; its tokens per step; SDPA attention since the fused-step check)
+    / (median step x peak); kernels: per-step seconds of one rank of W=32 at Llama-1.8B
+    (``buckets`` buckets): SCAPE's whole step per sparsity and dense AdamS's shard update
+    (checks before the fused step: the sum of the timed parts, the foreach update)."""
     from scape.megatron.models import SHAPES
 
     files = sorted(root.glob("gpu_check_*.json"))
     report = json.loads(files[-1].read_text()) if files else {}
     if report.get("status") != "ok" or not report["environment"].get("gpu"):
         return None  # no finished GPU run (``--cpu-smoke`` tests the script, on the CPU)
-    dense = next(r for r in report["megatron"] if r["method"] == "dense")
+    dense = next(r for r in report["megatron"] if r["method"] in ("adams", "dense"))
     shape = SHAPES[dense["shape"]]
-    flops = _flops(shape, 8 * shape.seq_length, dense["params"])
+    tokens = dense.get("tokens_per_step", 8 * shape.seq_length)
+    flops = _flops(shape, tokens, dense["params"])
     k = report["kernels"]
-    kernels = {"dense": k["dense_adams_update_s"]}
+    kernels = {"dense": k.get("dense_adams_fused_shard_s", k.get("dense_adams_update_s"))}
     for label, sparsity in SPARSITIES.items():
         row = k[f"sparsity_{sparsity}"]
-        kernels[label] = (row["select_s"] + row["pack_s"] + row["commit_s"] + row["decode_s"]
-                          + row["rms_update_all_entries_s"])  # fmt: skip
+        kernels[label] = row["step_s"] if "step_s" in row else (
+            row["select_s"] + row["pack_s"] + row["commit_s"] + row["decode_s"]
+            + row["rms_update_all_entries_s"])  # fmt: skip
     return {"file": str(files[-1]), "gpu": report["environment"].get("gpu"),
             "mfu": flops / (dense["median_step_s"] * Assumptions().peak_tflops * 1e12),
-            "buckets": k["buckets"], "kernels": kernels}  # fmt: skip
+            "mfu_tokens_per_step": tokens, "buckets": k["buckets"], "kernels": kernels}  # fmt: skip
 
 
 def calibrated(root: Path = Path("results/gpu")) -> tuple[Assumptions, dict | None]:

@@ -1,26 +1,23 @@
-"""The SCAPE adapter on one GPU through megatron-core: its step by part, against dense AdamS.
+"""The SCAPE adapter on one GPU through megatron-core: its step against dense AdamS and AdamW.
 
 Part of ``scripts/gpu_check.sh`` (run by ``scripts/gpu_check.py``; ``--smoke`` runs it alone
 at toy sizes on the CPU). In one spawned rank (NCCL on a GPU, W=1, bf16 params with fp32
 main params, Megatron's default 40M-element buckets, so every bucket is one a Llama-1.8B run
-uses), for the largest registered shape that fits (Llama-1.8B, else Llama-500M, else
-GPT-345M):
+uses, SDPA attention), for the largest registered shape that fits (Llama-1.8B, else
+Llama-500M, else GPT-345M):
 
-* dense AdamS and SCAPE-99, each a few real steps through Megatron, timed by phase with CUDA
-  events (forward+backward; grad sync: SCAPE's pack and all-reduce, dense's reduce-scatter;
-  the optimizer step) and the peak memory allocated while each ran;
-* SCAPE's step part by part, each part timed alone with the very functions the adapter calls,
-  on the state its last real step left: pack, exchange (all-reduce of the packed values),
-  commit (m = candidate - sent), decode (q from the summed buffer), update (weight decay and
-  the rms/sign step of every entry; the adapter fuses decode and update block by block, so
-  its optimizer step is compared with commit + decode + update + select), select (the
-  owner's masks for the next step);
-* SCAPE against the simulator on the same layout (fp32 params: the simulator's twin is
-  fp32), step by step on a small Llama: bit-identical params and masks, else the largest
-  difference, checked against a stated tolerance.
+* dense AdamS (fused Triton kernel), dense AdamW (torch's fused kernel) and SCAPE-99 (the
+  configs' bf16 wire; ``scape.step``'s fused kernels on CUDA), each a few real steps through
+  Megatron, timed by phase with CUDA events (forward+backward; grad sync: SCAPE's pack and
+  all-reduce, dense's reduce-scatter; the optimizer step), with the memory the run holds
+  after its first step (model, grads, optimizer state) and its peak;
+* SCAPE against the simulator on the same layout (fp32 params: the simulator's twin is fp32),
+  step by step on a small Llama, both on the GPU path: bit-identical params and masks, else
+  the largest difference, checked against a stated tolerance.
 
-W=1: the exchange is NCCL's all-reduce of one rank (a copy), not a network's; the parts
-that scale with the model (pack, commit, decode, update, select) are the real ones.
+W=1: the exchange is NCCL's all-reduce of one rank (a copy), not a network's; the parts that
+scale with the model (pack, commit, decode, update, select) are the real ones, and
+``scripts/gpu_check.py`` times them alone at W=32's shapes.
 """
 
 from __future__ import annotations
@@ -44,6 +41,7 @@ __all__ = ["adapter_check", "adapter_rank"]
 SHAPES_LARGEST_FIRST = ("llama-1.8b", "llama-500m", "gpt-345m")
 MEGATRON_DEFAULT_BUCKET = 40_000_000  # elements: Megatron's max(4e7, 1e6 * W) for W <= 40
 SPARSITY = 0.99
+METHODS = ("dense", "adamw", "scape")  # dense AdamS, dense AdamW, SCAPE-99
 # SCAPE vs the simulator on a GPU: the same kernels on the same inputs should give the same
 # bits; where a library picks another reduction order the step may differ in the last bits.
 SIMULATOR_TOLERANCE = 1e-5
@@ -91,7 +89,7 @@ def _free(cuda: bool) -> None:
 
 def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
                 bucket_size: int, bf16: bool, device: torch.device) -> dict:  # fmt: skip
-    """Real steps of one method through Megatron, timed by phase; SCAPE's parts after them."""
+    """Real steps of one method through Megatron, timed by phase, with its memory."""
     from scape.config import ScapeConfig
     from scape.megatron.dense import OptimizerSpec, build_dense_optimizer, wrap_ddp
     from scape.megatron.models import SHAPES, build_gpt_model
@@ -101,23 +99,25 @@ def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
     cuda = device.type == "cuda"
     base = torch.cuda.memory_allocated() if cuda else 0
     model_shape = SHAPES[shape]
-    torch.manual_seed(0)  # both methods start from the same weights
-    config, model = build_gpt_model(model_shape, device=device, bf16=bf16)
+    torch.manual_seed(0)  # the methods start from the same weights
+    # On a GPU, Megatron initializes the weights there (the CPU takes ~10 s per 1B params).
+    config, model = build_gpt_model(model_shape, device=device, bf16=bf16,
+                                    use_cpu_initialization=not cuda)  # fmt: skip
     ddp = wrap_ddp(config, model, bucket_size=bucket_size)
     # Every collective inside finish_grad_sync, so that grad sync is one timed phase (Megatron
     # would otherwise use one bucket if overlap were off at construction: same buckets here).
     ddp.ddp_config.overlap_grad_reduce = False
-    spec = OptimizerSpec(kind="adams", lr=1e-5)
-    if method == "dense":
-        opt = build_dense_optimizer(ddp, spec, bf16=bf16)
+    if method == "scape":
+        cfg = ScapeConfig.for_sparsity(SPARSITY, value_dtype="bfloat16")
+        opt = build_scape_optimizer(ddp, OptimizerSpec(lr=1e-5), cfg, bf16=bf16, check_every=0)
     else:
-        cfg = ScapeConfig.for_sparsity(SPARSITY)
-        opt = build_scape_optimizer(ddp, spec, cfg, bf16=bf16, check_every=0)
+        kind = "adams" if method == "dense" else "adamw"
+        opt = build_dense_optimizer(ddp, OptimizerSpec(kind=kind, lr=1e-5), bf16=bf16)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model_shape.vocab_size, (batch, model_shape.seq_length + 1),
                            generator=g).to(device)  # fmt: skip
     phases = {"forward_backward_s": [], "grad_sync_s": [], "optimizer_step_s": []}
-    losses = []
+    losses, held = [], None
     for step in range(warmup + steps):
         marks = [_mark(cuda)]
         ddp.zero_grad_buffer()
@@ -134,6 +134,8 @@ def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
         losses.append(float(loss))
         if not updated:
             raise RuntimeError(f"{method}: step {step + 1} was skipped (non-finite gradient)")
+        if step == 0 and cuda:  # model, grads and every optimizer state exist from here
+            held = torch.cuda.memory_allocated() - base
         if step >= warmup:
             for key, start, end in zip(phases, marks, marks[1:], strict=False):
                 phases[key].append(_seconds(start, end))
@@ -143,92 +145,15 @@ def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
         "largest_bucket_elems": max(b.grad_data.numel() for b in ddp.buffers[0].buckets),
         "steps_timed": steps,
         **{key: statistics.median(times) for key, times in phases.items()},
+        "memory_held_bytes": held,
         "peak_memory_bytes": None if not cuda else _peak_bytes(cuda) - base,
         "first_loss": losses[0],
         "last_loss": losses[-1],
     }
     if method == "scape":
-        try:
-            out["parts"] = scape_parts(opt, ddp, repeats=steps)
-        except Exception as err:  # noqa: BLE001 - keep the steps' figures, report the failure
-            out["parts"] = {"error": f"{type(err).__name__}: {err}"}
+        out["implementation"] = opt.scape.implementation
+        out["value_dtype"] = cfg.value_dtype
     return out
-
-
-def scape_parts(opt, ddp, *, repeats: int) -> dict:
-    """SCAPE's step part by part on the state the last real step left (its masks, moments and
-    params), each part over every bucket, timed alone. Mutates that state (the run is over)."""
-    from scape.megatron.cpu_compat import outside_megatron
-    from scape.shard import (
-        commit_moment_,
-        decode,
-        owner_mask,
-        rms_update_,
-        sign_update_,
-        weight_decay_,
-    )
-
-    st, cfg = opt.scape, opt.scape.config
-    cuda = st.device.type == "cuda"
-    W, n = st.world_size, len(st.shards)
-    grads = [bucket.grad_data for bucket in ddp.buffers[0].buckets]
-    lr, weight_decay = opt._lr_and_weight_decay()
-    eps = opt._eps()
-    st.finish_mask_exchange()
-    if st.masks is None:
-        raise RuntimeError("SCAPE's parts need masks: run past the dense warm-up first")
-
-    def time_it(fn) -> float:
-        return _median_time(fn, cuda=cuda, repeats=repeats)
-
-    parts = {}
-    with torch.no_grad(), outside_megatron():
-        parts["pack_s"] = time_it(lambda: [st.pack_bucket(b, grads[b]) for b in range(n)])
-        parts["exchange_s"] = time_it(
-            lambda: [st.comm.all_reduce_values(st.payloads[b]) for b in range(n)]
-        )
-        # the buffer every rank decodes: one pack and one exchange as in a step
-        for b in range(n):
-            st.pack_bucket(b, grads[b])
-            st.comm.all_reduce_values(st.payloads[b])
-
-        def commit_all() -> None:
-            for b, shard in enumerate(st.shards):
-                span = slice(shard.start, shard.end)
-                commit_moment_(st.moment[span], st.candidate[span], st.bases[b], st.masks[b],
-                               st.wires[b], world_size=W)  # fmt: skip
-
-        parts["commit_s"] = time_it(commit_all)
-        parts["decode_s"] = time_it(
-            lambda: [decode(st.bases[b], st.masks[b], st.synced(b), W) for b in range(n)]
-        )
-        # update: weight decay and the step of every entry, bucket by bucket from its decoded q
-        update_s = 0.0
-        for b, shard in enumerate(st.shards):
-            span = slice(shard.start, shard.end)
-            q = decode(st.bases[b], st.masks[b], st.synced(b), W)
-
-            def update_bucket(b=b, span=span, q=q) -> None:
-                weight_decay_(st.main[span], opt._decay_runs[b], 1.0 - lr * weight_decay)
-                if cfg.update == "rms":
-                    rms_update_(st.main[span], st.second_moment[span], q, step=max(st.updates, 1),
-                                lr=lr, beta=cfg.second_moment_beta, eps=eps)  # fmt: skip
-                else:
-                    sign_update_(st.main[span], q, lr=lr)
-
-            update_s += time_it(update_bucket)
-            del q
-        parts["update_s"] = update_s
-
-        def select_all() -> None:
-            for b in range(n):
-                lo, hi = st.own_range(b)
-                owner_mask(st.bases[b], st.moment[lo:hi])
-
-        parts["select_s"] = time_it(select_all)
-    st.clear_step()
-    parts["sum_s"] = sum(v for k, v in parts.items() if k.endswith("_s"))
-    return parts
 
 
 def _simulator_run(shape: str, *, steps: int, bucket_size: int, device: torch.device) -> dict:
@@ -297,7 +222,7 @@ def adapter_rank(rank: int, world_size: int, *, smoke: bool) -> dict:
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     shapes = ("tiny-llama",) if smoke else SHAPES_LARGEST_FIRST
-    run = dict(steps=2 if smoke else 5, warmup=2, batch=2 if smoke else 1,
+    run = dict(steps=2 if smoke else 4, warmup=2, batch=2 if smoke else 1,
                bucket_size=20_000 if smoke else MEGATRON_DEFAULT_BUCKET, bf16=not smoke,
                device=device)  # fmt: skip
     out = {"megatron_core": megatron_core_version(), "world_size": world_size,
@@ -306,7 +231,7 @@ def adapter_rank(rank: int, world_size: int, *, smoke: bool) -> dict:
     for shape in shapes:
         out["shapes_tried"].append(shape)
         results, oom = {}, None
-        for method in ("dense", "scape"):
+        for method in METHODS:
             _free(cuda)
             try:
                 results[method] = _method_run(method, shape, **run)
@@ -316,17 +241,22 @@ def adapter_rank(rank: int, world_size: int, *, smoke: bool) -> dict:
                 break
         _free(cuda)
         if oom is None:
-            out.update(shape=shape, dense=results["dense"], scape=results["scape"])
+            out.update(shape=shape, **results)
             break
         out.setdefault("out_of_memory", {})[shape] = oom
     if "shape" in out:
-        scape = out["scape"]
-        out["scape_step_vs_dense_step"] = (
-            scape["optimizer_step_s"] / out["dense"]["optimizer_step_s"]
-        )
-        if "error" not in scape["parts"]:
-            out["scape_parts_in_step_s"] = sum(
-                scape["parts"][k] for k in ("commit_s", "decode_s", "update_s", "select_s")
+        scape, dense = out["scape"], out["dense"]
+        # SCAPE's grad sync (its pack and all-reduce) and optimizer step against dense's step
+        # (dense's grad sync at W=1 is a no-op)
+        out["scape_sync_and_step_vs_dense_step"] = (
+            scape["grad_sync_s"] + scape["optimizer_step_s"]
+        ) / (dense["grad_sync_s"] + dense["optimizer_step_s"])
+        if scape["peak_memory_bytes"] is not None:
+            out["scape_peak_vs_dense_peak"] = (
+                scape["peak_memory_bytes"] / dense["peak_memory_bytes"]
+            )
+            out["scape_peak_vs_adamw_peak"] = (
+                scape["peak_memory_bytes"] / out["adamw"]["peak_memory_bytes"]
             )
     # Last (the timings are done): deterministic kernels where torch has them, so that a
     # difference from the simulator is SCAPE's, not an atomic add's order in a backward.
@@ -340,11 +270,7 @@ def adapter_rank(rank: int, world_size: int, *, smoke: bool) -> dict:
         out["simulator"] = {"error": f"{type(err).__name__}: {err}"}
     finally:
         torch.use_deterministic_algorithms(False)
-    out["ok"] = (
-        "shape" in out
-        and "error" not in out["scape"]["parts"]
-        and bool(out["simulator"].get("within_tolerance"))
-    )
+    out["ok"] = "shape" in out and bool(out["simulator"].get("within_tolerance"))
     return out
 
 

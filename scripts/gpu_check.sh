@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness check for SCAPE on megatron-core: one prepared run, no network, < 9 minutes.
+# GPU check for SCAPE on megatron-core: one prepared run, no network, within 6 minutes.
 #
 #   scripts/gpu_check.sh                       # uses .venv/bin/python if present, else python3
 #   PYTHON=python3.12 scripts/gpu_check.sh
@@ -12,13 +12,14 @@
 # checks the wheel against the sha256 pinned in requirements/mcore-latest.txt. torch, numpy
 # and packaging must already be there (WHEELHOUSE=/path installs them from a wheel directory).
 #
-# What it does (details in scripts/gpu_check.py and scripts/gpu_adapter_check.py): the SCAPE
-# adapter on one GPU (W=1, NCCL, bf16) at the largest shape that fits, Llama-1.8B first:
-# dense AdamS's and SCAPE-99's steps by phase and peak memory, SCAPE's optimizer step by part
-# (pack, exchange, commit, decode, update, select) and SCAPE against the simulator; then a few
-# dense-AdamS and SCAPE steps of GPT-345M, and a micro-benchmark of SCAPE's kernels at
-# Llama-1.8B shard sizes for W=32. Writes results/gpu/gpu_check_<gpu>_<date>.json (GPU name,
-# versions, date). Without a CUDA device it prints one SKIPPED line and writes nothing.
+# What it does (details in scripts/gpu_check.py and scripts/gpu_adapter_check.py): the
+# memory floor (one fp32 copy pass over Llama-1.8B's entries); one rank's SCAPE step at
+# Llama-1.8B for W=32 through scape.step (pack, finish, select, the whole step) against that
+# floor, beside the dense baselines' shard updates; the adapter on one GPU (W=1, NCCL, bf16,
+# Llama-1.8B): dense AdamS, dense AdamW and SCAPE-99 by phase with peak memory, and SCAPE
+# against the simulator; GPT-345M whole steps of the four methods (SDPA attention). Writes
+# results/gpu/gpu_check_<gpu>_<date>.json (GPU, versions, commit, load average) part by part.
+# Without a CUDA device it prints one SKIPPED line and writes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -56,4 +57,4 @@ print(f">> Python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {tor
       f"megatron-core {found} ({note})")
 EOF
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"  # model init runs on the CPU
-exec timeout 540 "$PY" scripts/gpu_check.py "$@"
+exec timeout 390 "$PY" scripts/gpu_check.py "$@"  # its parts stop starting at 330 s
