@@ -318,9 +318,12 @@ def megatron_steps(*, shape: str, methods, steps: int, warmup: int, batch: int, 
         if time.perf_counter() > deadline:
             results.append({"method": method, "skipped": "out of the check's time budget"})
             continue
-        (res,) = run_distributed(time_steps, 1, backend="gloo" if cpu else "nccl",
-                                 timeout_s=240, shape=shape, method=method, steps=steps,
-                                 warmup=warmup, batch=batch, bf16=not cpu)  # fmt: skip
+        try:
+            (res,) = run_distributed(time_steps, 1, backend="gloo" if cpu else "nccl",
+                                     timeout_s=240, shape=shape, method=method, steps=steps,
+                                     warmup=warmup, batch=batch, bf16=not cpu)  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - keep the other methods, report the failure
+            res = {"method": method, "error": f"{type(err).__name__}: {str(err)[-2000:]}"}
         print(json.dumps(res), flush=True)
         results.append(res)
     dense = next((r for r in results if r.get("method") == "adams" and "median_step_s" in r), None)
@@ -379,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_adapter_check import adapter_check
 
     if left() > 120 or smoke:
-        report["adapter"] = adapter_check(smoke=smoke, timeout_s=max(60.0, left() - 60))
+        try:
+            report["adapter"] = adapter_check(smoke=smoke, timeout_s=max(60.0, left() - 60))
+        except Exception as err:  # noqa: BLE001 - keep the other parts, report the failure
+            report["adapter"] = {"error": f"{type(err).__name__}: {str(err)[-2000:]}"}
     else:
         report["adapter"] = {"skipped": f"out of the check's time budget ({left():.0f} s left)"}
     save()
