@@ -35,9 +35,17 @@ from torch import Tensor
 
 __all__ = ["adams_fused_", "finish", "pack", "select"]
 
-ROWS = 16  # chunk rows per program of pack/finish: 16 x 128 lanes at C=100
-SELECT_ROWS = 32  # rows per program of the select (its (C, C) DCT tile is shared by them)
-ADAMS_BLOCK = 2048  # entries per program of the fused AdamS
+# Launch configurations: chunk rows per program of the chunked kernels (x 128 lanes at C=100),
+# entries per program of the elementwise ones, warps per program, and how the select makes
+# the chunks' DCT ("gemm": cuBLAS fp32, then a top-k kernel; "dot": in registers by tl.dot).
+# Chosen by measurement: scripts/gpu_tune.py on an H200 (results/gpu/gpu_tune_*.json).
+TUNING = {
+    "pack": {"ROWS": 16, "num_warps": 4},
+    "finish": {"ROWS": 16, "num_warps": 4},
+    "topk": {"ROWS": 16, "num_warps": 4},
+    "elementwise": {"BLOCK": 2048, "num_warps": 4},
+    "select": {"method": "gemm", "precision": "ieee"},
+}
 
 
 @triton.jit
@@ -96,19 +104,23 @@ def _pack_kernel(moment, grad, masks, basis, wire, flag, beta, inv_world,
 
 
 @triton.jit
-def _dense_pack_kernel(moment, grad, wire, flag, beta, inv_world, numel,
-                       BLOCK: tl.constexpr, WIRE_BF16: tl.constexpr):  # fmt: skip
+def _dense_pack_kernel(moment, grad, wire, beta, inv_world, world, numel, BLOCK: tl.constexpr,
+                       WIRE_BF16: tl.constexpr, RESIDUAL_INTO_GRAD: tl.constexpr):  # fmt: skip
+    """The dense warm-up: every entry of ``cand / W`` into ``wire``, which may be ``grad``
+    itself (an fp32 wire: the grad buffer is the payload); with ``RESIDUAL_INTO_GRAD`` (a
+    narrower wire) what it rounded away, ``cand - W * wire``, goes into ``grad``, where the
+    commit reads it. No flag: a non-finite entry reaches the sum itself."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = at < numel
     cand = tl.load(moment + at, mask=inside, other=0.0) * beta + tl.load(
         grad + at, mask=inside, other=0.0
     ).to(tl.float32)
-    bad = tl.sum(tl.where(inside & ((cand != cand) | (tl.abs(cand) == float("inf"))), 1, 0))
-    tl.store(flag, tl.full((), float("inf"), tl.float32).to(flag.dtype.element_ty), mask=bad > 0)
     value = cand * inv_world
     if WIRE_BF16:
         value = _round_bf16(value)
     tl.store(wire + at, value.to(wire.dtype.element_ty), mask=inside)
+    if RESIDUAL_INTO_GRAD:
+        tl.store(grad + at, (cand - value * world).to(grad.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -169,21 +181,22 @@ def _finish_kernel(moment, grad, masks, basis, sent, synced, param, second_momen
 
 
 @triton.jit
-def _dense_finish_kernel(moment, grad, sent, synced, param, second_moment, param_out, decay_bits,
-                         clip, beta, world, decay_factor, lr, beta2, one_minus_beta2, correction,
-                         eps, numel, BLOCK: tl.constexpr, COMMIT: tl.constexpr,
-                         KEEP_ROUNDING: tl.constexpr, UPDATE: tl.constexpr, DECAY: tl.constexpr,
-                         RMS: tl.constexpr, WRITE_OUT: tl.constexpr):  # fmt: skip
+def _dense_finish_kernel(moment, grad, synced, param, second_moment, param_out, decay_bits, clip,
+                         decay_factor, lr, beta2, one_minus_beta2, correction, eps, numel,
+                         BLOCK: tl.constexpr, COMMIT: tl.constexpr, RESIDUAL: tl.constexpr,
+                         UPDATE: tl.constexpr, DECAY: tl.constexpr, RMS: tl.constexpr,
+                         WRITE_OUT: tl.constexpr):  # fmt: skip
+    """After the dense warm-up's all-reduce: m = 0 (everything was sent), or with
+    ``RESIDUAL`` m = what the wire rounded away (left in ``grad`` by the pack); the update
+    with q = the summed buffer."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = at < numel
-    if COMMIT:  # everything was sent: m keeps only what a narrower wire rounded away
-        if KEEP_ROUNDING:
-            m = tl.load(moment + at, mask=inside, other=0.0)
-            g = tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
-            own = tl.load(sent + at, mask=inside, other=0.0).to(tl.float32) * world
-            tl.store(moment + at, (m * beta + g) - own, mask=inside)
+    if COMMIT:
+        if RESIDUAL:
+            m = tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
         else:
-            tl.store(moment + at, tl.zeros((BLOCK,), dtype=tl.float32), mask=inside)
+            m = tl.zeros((BLOCK,), dtype=tl.float32)
+        tl.store(moment + at, m, mask=inside)
     if UPDATE:
         q = tl.load(synced + at, mask=inside, other=0.0).to(tl.float32) * tl.load(clip)
         _update(at, inside, q, param, second_moment, param_out, decay_bits, decay_factor, lr,
@@ -191,22 +204,11 @@ def _dense_finish_kernel(moment, grad, sent, synced, param, second_moment, param
 
 
 @triton.jit
-def _select_kernel(moment, grad, basis, out, beta, n_rows, length, out_stride,
-                   K: tl.constexpr, ROWS: tl.constexpr, BC: tl.constexpr,
-                   FROM_CANDIDATE: tl.constexpr):  # fmt: skip
-    """Rows of ``length`` entries (all chunks, or the one tail), basis (length, length)."""
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    valid = r < n_rows
-    c = tl.arange(0, BC)
-    inside = valid[:, None] & (c[None, :] < length)
-    at = r.to(tl.int64)[:, None] * length + c[None, :]
-    x = tl.load(moment + at, mask=inside, other=0.0)
-    if FROM_CANDIDATE:  # after a dense step: the statistic is what was just sent in full
-        x = x * beta + tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
-    square = (c[:, None] < length) & (c[None, :] < length)
-    basis_t = tl.load(basis + c[None, :] * length + c[:, None], mask=square, other=0.0)
-    coefs = tl.dot(x, basis_t, input_precision="ieee")  # (ROWS, BC): coefs[r, j] = <x_r, D_j>
-    # scape.basis.top_offsets' keys: |coef| with its low 8 bits replaced by the offset
+def _store_top_offsets(coefs, c, r, inside, length, out, out_stride, K: tl.constexpr,
+                       ROWS: tl.constexpr, BC: tl.constexpr):  # fmt: skip
+    """Per row of ``coefs`` (ROWS, BC), the offsets of the K largest |coefficients|, ascending,
+    by :func:`scape.basis.top_offsets`' keys: |coef| with its low 8 bits replaced by the
+    offset (distinct in a row, so K successive maxima are one set)."""
     keys = ((tl.abs(coefs).to(tl.int32, bitcast=True) >> 8) << 8) | c[None, :]
     keys = tl.where(c[None, :] < length, keys, -1)
     chosen = tl.zeros((ROWS, BC), dtype=tl.int32)
@@ -214,10 +216,40 @@ def _select_kernel(moment, grad, basis, out, beta, n_rows, length, out_stride,
         hit = keys == tl.max(keys, axis=1)[:, None]
         chosen = tl.where(hit, 1, chosen)
         keys = tl.where(hit, -1, keys)
-    slot = tl.cumsum(chosen, axis=1) - 1  # offsets ascending, as top_offsets returns them
+    slot = tl.cumsum(chosen, axis=1) - 1  # the chosen offsets in ascending order
     offsets = tl.zeros((ROWS, BC), dtype=tl.int32) + c[None, :]
     tl.store(out + r.to(tl.int64)[:, None] * out_stride + slot,
              offsets.to(out.dtype.element_ty), mask=inside & (chosen > 0))  # fmt: skip
+
+
+@triton.jit
+def _topk_kernel(coefs, out, n_rows, length, out_stride, K: tl.constexpr, ROWS: tl.constexpr,
+                 BC: tl.constexpr):  # fmt: skip
+    """Rows of ``length`` coefficients (the chunks' DCT, made by a GEMM): their top K."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BC)
+    inside = (r < n_rows)[:, None] & (c[None, :] < length)
+    x = tl.load(coefs + r.to(tl.int64)[:, None] * length + c[None, :], mask=inside, other=0.0)
+    _store_top_offsets(x, c, r, inside, length, out, out_stride, K, ROWS, BC)
+
+
+@triton.jit
+def _select_dot_kernel(moment, grad, basis, out, beta, n_rows, length, out_stride,
+                       K: tl.constexpr, ROWS: tl.constexpr, BC: tl.constexpr,
+                       FROM_CANDIDATE: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """The select in one pass: rows of ``length`` entries (all chunks, or the one tail), their
+    DCT (basis (length, length)) by tl.dot in registers, and their top K."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BC)
+    inside = (r < n_rows)[:, None] & (c[None, :] < length)
+    at = r.to(tl.int64)[:, None] * length + c[None, :]
+    x = tl.load(moment + at, mask=inside, other=0.0)
+    if FROM_CANDIDATE:  # after a dense step: the statistic is what was just sent in full
+        x = x * beta + tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
+    square = (c[:, None] < length) & (c[None, :] < length)
+    basis_t = tl.load(basis + c[None, :] * length + c[:, None], mask=square, other=0.0)
+    coefs = tl.dot(x, basis_t, input_precision=PRECISION)  # coefs[r, j] = <x_r, D_j>
+    _store_top_offsets(coefs, c, r, inside, length, out, out_stride, K, ROWS, BC)
 
 
 @triton.jit
@@ -253,21 +285,26 @@ def _rows_args(geo, masks: Tensor) -> tuple:
 
 
 def pack(geo, moment: Tensor, grad: Tensor, masks: Tensor | None, basis: Tensor, wire: Tensor,
-         flag: Tensor, *, beta: float, world_size: int) -> None:  # fmt: skip
-    """This rank's values of one bucket into ``wire`` (W*n,) (``masks`` None: every entry,
-    (W*S,)); ``flag`` (a 1-entry view, zeroed by the caller) becomes inf where any entry of
-    ``beta * moment + grad`` is not finite."""
+         flag: Tensor | None, *, beta: float, world_size: int) -> None:  # fmt: skip
+    """This rank's values of one bucket into ``wire`` (W*n,), and into ``flag`` (a 1-entry
+    view, zeroed by the caller) inf where any entry of ``beta * moment + grad`` is not finite.
+    ``masks`` None, the dense warm-up: every entry into ``wire`` (W*S,), which is ``grad``
+    itself for an fp32 wire; for a narrower one what it rounds away goes into ``grad``."""
     bf16 = wire.dtype == torch.bfloat16
     if masks is None:
-        numel = moment.numel()
-        grid = (triton.cdiv(numel, ADAMS_BLOCK),)
-        _dense_pack_kernel[grid](moment, grad, wire, flag, beta, 1.0 / world_size, numel,
-                                 BLOCK=ADAMS_BLOCK, WIRE_BF16=bf16)  # fmt: skip
+        numel, cfg = moment.numel(), TUNING["elementwise"]
+        grid = (triton.cdiv(numel, cfg["BLOCK"]),)
+        _dense_pack_kernel[grid](moment, grad, wire, beta, 1.0 / world_size, float(world_size),
+                                 numel, BLOCK=cfg["BLOCK"], WIRE_BF16=bf16,
+                                 RESIDUAL_INTO_GRAD=wire.data_ptr() != grad.data_ptr(),
+                                 num_warps=cfg["num_warps"])  # fmt: skip
         return
-    grid = (triton.cdiv(geo.n_rows, ROWS),)
+    cfg = TUNING["pack"]
+    grid = (triton.cdiv(geo.n_rows, cfg["ROWS"]),)
     _pack_kernel[grid](moment, grad, masks, basis, wire, flag, beta, 1.0 / world_size,
-                       *_rows_args(geo, masks), C=geo.chunk, K=geo.k, ROWS=ROWS,
-                       BC=_block_cols(geo.chunk), WIRE_BF16=bf16)  # fmt: skip
+                       *_rows_args(geo, masks), C=geo.chunk, K=geo.k, ROWS=cfg["ROWS"],
+                       BC=_block_cols(geo.chunk), WIRE_BF16=bf16,
+                       num_warps=cfg["num_warps"])  # fmt: skip
 
 
 def finish(geo, moment: Tensor, grad: Tensor, masks: Tensor | None, basis: Tensor,
@@ -275,10 +312,12 @@ def finish(geo, moment: Tensor, grad: Tensor, masks: Tensor | None, basis: Tenso
            param: Tensor | None = None, second_moment: Tensor | None = None,
            param_out: Tensor | None = None, decay_bits: Tensor | None = None,
            clip: Tensor | None = None, decay_factor: float = 1.0, lr: float = 0.0,
-           beta2: float = 0.0, correction: float = 1.0, eps: float = 0.0) -> None:  # fmt: skip
-    """Commit (``m = beta * m + g - W * sent``; after a dense step with an fp32 wire, ``sent``
-    None: m = 0) and, with ``param``, decode ``synced`` into q (times ``clip``, a 1-entry
-    device tensor) and step ``param`` (weight decay where ``decay_bits`` is set), and
+           beta2: float = 0.0, correction: float = 1.0, eps: float = 0.0,
+           residual_in_grad: bool = False) -> None:  # fmt: skip
+    """Commit (``m = beta * m + g - W * sent``; after the dense warm-up m = 0, or with
+    ``residual_in_grad`` m = what its narrower wire rounded away, which the pack left in
+    ``grad``) and, with ``param``, decode ``synced`` into q (times ``clip``, a 1-entry device
+    tensor) and step ``param`` (weight decay where ``decay_bits`` is set), and
     ``second_moment`` (rms; None: sign), writing ``param_out`` (bf16) when given. A tensor
     argument a specialization never reads gets ``moment`` as a stand-in pointer."""
     unused = moment
@@ -290,46 +329,72 @@ def finish(geo, moment: Tensor, grad: Tensor, masks: Tensor | None, basis: Tenso
                  RMS=update and second_moment is not None,
                  WRITE_OUT=update and param_out is not None)  # fmt: skip
     if masks is None:
-        numel = moment.numel()
-        grid = (triton.cdiv(numel, ADAMS_BLOCK),)
-        _dense_finish_kernel[grid](moment, grad, unused if sent is None else sent, synced,
-                                   *tensors, beta, float(world_size), *scalars, numel,
-                                   BLOCK=ADAMS_BLOCK, COMMIT=commit,
-                                   KEEP_ROUNDING=sent is not None, **flags)  # fmt: skip
+        numel, cfg = moment.numel(), TUNING["elementwise"]
+        grid = (triton.cdiv(numel, cfg["BLOCK"]),)
+        _dense_finish_kernel[grid](moment, grad, synced, *tensors, *scalars, numel,
+                                   BLOCK=cfg["BLOCK"], COMMIT=commit, RESIDUAL=residual_in_grad,
+                                   num_warps=cfg["num_warps"], **flags)  # fmt: skip
         return
-    grid = (triton.cdiv(geo.n_rows, ROWS),)
+    cfg = TUNING["finish"]
+    grid = (triton.cdiv(geo.n_rows, cfg["ROWS"]),)
     _finish_kernel[grid](moment, grad, masks, basis, unused if sent is None else sent, synced,
                          *tensors, beta, float(world_size), *scalars, *_rows_args(geo, masks),
-                         C=geo.chunk, K=geo.k, ROWS=ROWS, BC=_block_cols(geo.chunk),
-                         COMMIT=commit, **flags)  # fmt: skip
+                         C=geo.chunk, K=geo.k, ROWS=cfg["ROWS"], BC=_block_cols(geo.chunk),
+                         COMMIT=commit, num_warps=cfg["num_warps"], **flags)  # fmt: skip
+
+
+def _ieee_mm(x: Tensor, basis_t: Tensor, out: Tensor) -> Tensor:
+    """``x @ basis_t`` in full fp32 whatever the process's TF32 setting (TF32 keeps 10
+    mantissa bits: the keys compare 15)."""
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch.mm(x, basis_t, out=out)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
 
 
 def select(geo, moment_shard: Tensor, grad_shard: Tensor | None, basis: Tensor, out: Tensor, *,
-           beta: float) -> None:  # fmt: skip
+           beta: float, scratch: Tensor | None = None) -> None:  # fmt: skip
     """The owner's mask of one shard (S,) into ``out`` (n,): top-k per chunk of the DCT of
-    ``moment_shard``, or of ``beta * moment_shard + grad_shard`` when a grad is given."""
-    bc = _block_cols(geo.chunk)
+    ``moment_shard``, or of ``beta * moment_shard + grad_shard`` when a grad is given.
+    ``TUNING["select"]`` says how the DCT is made; the GEMM's coefficients go into
+    ``scratch`` (S,) fp32 when given."""
+    method = TUNING["select"]["method"]
     from_candidate = grad_shard is not None
-    grad_shard = grad_shard if from_candidate else moment_shard
-    if geo.full:
-        grid = (triton.cdiv(geo.full, SELECT_ROWS),)
-        _select_kernel[grid](moment_shard, grad_shard, basis, out, beta, geo.full, geo.chunk,
-                             geo.k, K=geo.k, ROWS=SELECT_ROWS, BC=bc,
-                             FROM_CANDIDATE=from_candidate)  # fmt: skip
+    parts = [(0, geo.full, geo.chunk, geo.k, 0)] if geo.full else []
     if geo.tail:
-        head, at = geo.full * geo.chunk, geo.full * geo.k
-        _select_kernel[(1,)](moment_shard[head:], grad_shard[head:],
-                             basis[geo.chunk * geo.chunk :], out[at:], beta, 1, geo.tail,
-                             geo.k_tail, K=geo.k_tail, ROWS=16, BC=bc,
-                             FROM_CANDIDATE=from_candidate)  # fmt: skip
+        parts.append((geo.full * geo.chunk, 1, geo.tail, geo.k_tail, geo.chunk * geo.chunk))
+    bc = _block_cols(geo.chunk)
+    if method == "dot":
+        for start, rows, length, k, basis_at in parts:
+            grid = (triton.cdiv(rows, 32),)
+            _select_dot_kernel[grid](moment_shard[start:], (grad_shard if from_candidate
+                                     else moment_shard)[start:], basis[basis_at:],
+                                     out[start // geo.chunk * geo.k :], beta, rows, length, k,
+                                     K=k, ROWS=32, BC=bc, FROM_CANDIDATE=from_candidate,
+                                     PRECISION=TUNING["select"]["precision"])  # fmt: skip
+        return
+    x = torch.add(grad_shard, moment_shard, alpha=beta) if from_candidate else moment_shard
+    coefs = torch.empty_like(x) if scratch is None else scratch[: x.numel()]
+    cfg = TUNING["topk"]
+    for start, rows, length, k, basis_at in parts:
+        block = slice(start, start + rows * length)
+        _ieee_mm(x[block].view(rows, length),
+                 basis[basis_at : basis_at + length * length].view(length, length).t(),
+                 coefs[block].view(rows, length))  # fmt: skip
+        grid = (triton.cdiv(rows, cfg["ROWS"]),)
+        _topk_kernel[grid](coefs[block], out[start // geo.chunk * geo.k :], rows, length, k,
+                           K=k, ROWS=cfg["ROWS"], BC=bc, num_warps=cfg["num_warps"])  # fmt: skip
 
 
 def adams_fused_(param: Tensor, exp_avg: Tensor, grad: Tensor, *, step: int, lr: float,
                  beta1: float, beta2: float, eps: float, weight_decay: float = 0.0) -> None:  # fmt: skip
     """:func:`scape.adams.adams_update_` as one kernel (one read of p, m, g, one write of p, m)."""
-    numel = param.numel()
+    numel, cfg = param.numel(), TUNING["elementwise"]
     bias_correction = 1.0 - beta1**step
-    grid = (triton.cdiv(numel, ADAMS_BLOCK),)
+    grid = (triton.cdiv(numel, cfg["BLOCK"]),)
     _adams_kernel[grid](param, exp_avg, grad, numel, lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2,
                         eps, bias_correction, lr / bias_correction, 1.0 - lr * weight_decay,
-                        BLOCK=ADAMS_BLOCK, DECAY=weight_decay != 0.0)  # fmt: skip
+                        BLOCK=cfg["BLOCK"], DECAY=weight_decay != 0.0,
+                        num_warps=cfg["num_warps"])  # fmt: skip

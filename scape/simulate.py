@@ -27,7 +27,7 @@ from scape.basis import ShardBasis
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
 from scape.layout import FlatLayout
-from scape.shard import WIRE_DTYPES, clip_coefficient, decay_runs, decode, runs_within
+from scape.shard import WIRE_DTYPES, all_finite, clip_coefficient, decay_runs, decode, runs_within
 from scape.step import Geometry, Update, make_bucket_step, resolve_implementation, step_clip
 
 __all__ = [
@@ -285,15 +285,24 @@ class Simulator:
         bytes_ = self.bytes_per_step(dense)
         wire_dtype = WIRE_DTYPES[cfg.value_dtype]
         spans = [slice(start, end) for start, end in self.layout.buckets]
+        # From the last warm-up step on, every owner makes its shard's mask for the next step.
+        new_masks = None
+        if t >= cfg.dense_warmup_steps:
+            new_masks = [torch.empty(W, basis.num_selected, dtype=torch.int64,
+                                     device=self.device) for basis in self.bases]  # fmt: skip
         synced = []
         for b, span in enumerate(spans):
             masks = None if dense else self.masks[b]
             payloads = []
             for w in range(W):
                 step = self.steps[w][b]
-                payload = torch.empty(step.payload_numel(dense), dtype=wire_dtype,
-                                      device=self.device)  # fmt: skip
-                step.pack(self.moment[w, span], fresh[w, span], masks, payload)
+                if step.payload_is_grad(dense):  # reduced in place, as the adapter's buffer
+                    payload = fresh[w, span]
+                else:
+                    payload = torch.empty(step.payload_numel(dense), dtype=wire_dtype,
+                                          device=self.device)  # fmt: skip
+                step.pack(self.moment[w, span], fresh[w, span], masks, payload,
+                          next_mask=None if new_masks is None else new_masks[b][w])  # fmt: skip
                 payloads.append(payload)
             total = payloads[0]
             for w in range(1, W):
@@ -302,16 +311,11 @@ class Simulator:
         # Any rank's non-finite gradient makes every rank skip: its flag (inf) travels in the
         # sum, as in the adapter. Nothing is committed, so the next step starts from intact
         # moments.
-        if not all(bool(torch.isfinite(s).all()) for s in synced):
+        if not all(bool(all_finite(s)) for s in synced):
             return StepResult(t, loss, float("nan"), True, bytes_)
-        synced = [s[:-1] for s in synced]  # the values, without the flag
+        synced = [self.steps[0][b].values(s, dense) for b, s in enumerate(synced)]
         self.updates += 1
         norm, clip = step_clip(synced, hp.clip_grad, self.implementation)  # ||q||, unclipped
-        # After the dense warm-up, every owner makes its shard's mask for the next step.
-        new_masks = None
-        if t >= cfg.dense_warmup_steps:
-            new_masks = [torch.empty(W, basis.num_selected, dtype=torch.int64,
-                                     device=self.device) for basis in self.bases]  # fmt: skip
         for b, span in enumerate(spans):
             masks = None if dense else self.masks[b]
             update = Update(

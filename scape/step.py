@@ -169,7 +169,15 @@ def step_clip(
 
 
 class BucketStep:
-    """One rank's step over one bucket (see the module docstring); built once, reused."""
+    """One rank's step over one bucket (see the module docstring); built once, reused.
+
+    The payload of a step: this rank's values, in the wire dtype, and (where
+    :meth:`has_flag`) one flag entry last. The caller owns it; in the fused dense warm-up
+    with an fp32 wire it is the bucket's grad itself (:meth:`payload_is_grad`), so the warm-up
+    needs no bucket-sized buffer. ``next_mask`` (this rank's mask of its own shard for the next
+    step, or None when none is made) goes to both :meth:`pack` and :meth:`finish`: each
+    implementation writes it once (the fused one, in the dense warm-up, at the pack, since
+    the candidate it is made from is gone after that)."""
 
     implementation: str
 
@@ -193,16 +201,31 @@ class BucketStep:
     def num_selected(self) -> int:
         return self.geo.num_selected
 
+    def has_flag(self, dense: bool) -> bool:
+        """Whether the payload ends in a finite flag (a dense payload needs none: every entry
+        travels, so a non-finite one reaches the sum itself)."""
+        return True
+
+    def payload_is_grad(self, dense: bool) -> bool:
+        """Whether the step's payload is the bucket's grad itself, reduced in place."""
+        return False
+
     def payload_numel(self, dense: bool) -> int:
-        """Entries of the bucket's payload: every rank's values and one flag."""
-        return (self.geo.numel if dense else self.geo.world_size * self.num_selected) + 1
+        """Entries of the bucket's payload: every rank's values (and the flag)."""
+        values = self.geo.numel if dense else self.geo.world_size * self.num_selected
+        return values + int(self.has_flag(dense))
+
+    def values(self, payload: Tensor, dense: bool) -> Tensor:
+        """The values of a (summed) payload, without its flag."""
+        return payload[:-1] if self.has_flag(dense) else payload
 
     def own_range(self) -> tuple[int, int]:
         """This rank's shard, relative to the bucket."""
         s = self.geo.shard_size
         return self.rank * s, (self.rank + 1) * s
 
-    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
+    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor, *,
+             next_mask: Tensor | None = None) -> None:  # fmt: skip
         raise NotImplementedError
 
     def finish(
@@ -229,7 +252,8 @@ class BlockedBucketStep(BucketStep):
         self._candidate: Tensor | None = None  # (W*S,) reused: fresh pages cost on CPU
         self._wire: Tensor | None = None  # what this rank sent at the last pack
 
-    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
+    def pack(self, moment, grad, masks, payload, *, next_mask=None) -> None:
+        del next_mask  # made in finish, from the candidate this path keeps
         if self._candidate is None:
             self._candidate = torch.empty(self.geo.numel, device=moment.device)
         cand = accumulate(moment, grad, self.config.moment_beta, out=self._candidate)
@@ -274,7 +298,9 @@ class BlockedBucketStep(BucketStep):
 
 
 class FusedBucketStep(BucketStep):
-    """:mod:`scape.fused`'s kernels: whole buckets per call, no candidate buffer."""
+    """:mod:`scape.fused`'s kernels: whole buckets per call, no candidate buffer, and a dense
+    warm-up in the grad buffer (fp32 wire: it is the payload; a narrower wire: it keeps what
+    the wire rounds away until the commit)."""
 
     implementation = "fused"
 
@@ -285,14 +311,20 @@ class FusedBucketStep(BucketStep):
         self._kernels = fused
         d, d_tail = self.basis._d, self.basis._d_tail
         # the chunk's DCT, then the tail's, in one tensor: the kernels pick a row's by offset
-        self._dct = (
-            d.reshape(-1) if d_tail is None else torch.cat([d.reshape(-1), d_tail.reshape(-1)])
-        )
-        self._sent_sparse = torch.empty(
+        flat = [d.reshape(-1)] + ([] if d_tail is None else [d_tail.reshape(-1)])
+        self._dct = torch.cat(flat)
+        self._sent = torch.empty(
             self.geo.world_size * self.num_selected, dtype=self.wire_dtype, device=self.device
         )  # what this rank sent, read back by the commit: sized once
-        self._sent: Tensor | None = None
+        self._coefs: Tensor | None = None  # the select's (S,) DCT coefficients, sized once
         self._no_clip = torch.ones(1, device=self.device)
+        self._selected_at_pack = False
+
+    def has_flag(self, dense: bool) -> bool:
+        return not dense
+
+    def payload_is_grad(self, dense: bool) -> bool:
+        return dense and self.wire_dtype == torch.float32
 
     @cached_property
     def decay_bits(self) -> Tensor | None:
@@ -307,25 +339,36 @@ class FusedBucketStep(BucketStep):
         weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=self.device)
         return (flags.view(-1, 8) * weights).sum(-1, dtype=torch.int32).to(torch.uint8)
 
-    def pack(self, moment: Tensor, grad: Tensor, masks: Tensor | None, payload: Tensor) -> None:
-        wire, flag = payload[:-1], payload[-1:]
-        flag.zero_()
-        self._kernels.pack(self.geo, moment, grad, masks, self._dct, wire, flag,
-                           beta=self.config.moment_beta, world_size=self.geo.world_size)  # fmt: skip
-        if masks is not None:
-            self._sent = self._sent_sparse
-            self._sent.copy_(wire)
-        elif self.wire_dtype != torch.float32:  # the dense warm-up: keep what bf16 rounded
-            self._sent = wire.clone()
-        else:  # everything was sent exactly: the commit empties the moment
-            self._sent = None
+    def _select(self, moment: Tensor, grad: Tensor | None, out: Tensor) -> None:
+        lo, hi = self.own_range()
+        if self._coefs is None:
+            self._coefs = torch.empty(hi - lo, device=self.device)
+        with record_function("scape.select"):
+            self._kernels.select(self.geo, moment[lo:hi], None if grad is None else grad[lo:hi],
+                                 self._dct, out, beta=self.config.moment_beta,
+                                 scratch=self._coefs)  # fmt: skip
+
+    def pack(self, moment, grad, masks, payload, *, next_mask=None) -> None:
+        dense = masks is None
+        self._selected_at_pack = dense and next_mask is not None
+        if self._selected_at_pack:  # from the candidate, before the grad buffer is reused
+            self._select(moment, grad, next_mask)
+        flag = None
+        if not dense:
+            flag = payload[-1:]
+            flag.zero_()
+        self._kernels.pack(self.geo, moment, grad, masks, self._dct, self.values(payload, dense),
+                           flag, beta=self.config.moment_beta, world_size=self.geo.world_size)  # fmt: skip
+        if not dense:
+            self._sent.copy_(payload[:-1])
 
     def finish(self, moment, grad, masks, synced, *, update, next_mask, commit=True) -> None:
-        beta, lo, hi = self.config.moment_beta, *self.own_range()
-        if next_mask is not None and masks is None:  # from the candidate, before the commit
-            with record_function("scape.select"):
-                self._kernels.select(self.geo, moment[lo:hi], grad[lo:hi], self._dct,
-                                     next_mask, beta=beta)  # fmt: skip
+        dense = masks is None
+        if dense and next_mask is not None and not self._selected_at_pack:
+            raise ValueError(
+                "the fused step makes the dense warm-up's next mask at the pack (its candidate "
+                "is gone after it): pass next_mask to pack as well"
+            )
         kwargs = {}
         if update is not None:
             clip = update.clip
@@ -333,21 +376,18 @@ class FusedBucketStep(BucketStep):
                 clip = self._no_clip
             elif not isinstance(clip, Tensor):
                 clip = torch.tensor([clip], dtype=torch.float32, device=self.device)
+            beta2 = self.config.second_moment_beta
             kwargs = dict(param=update.param, second_moment=update.second_moment,
                           param_out=update.param_out, decay_bits=self.decay_bits, clip=clip,
-                          decay_factor=update.decay_factor, lr=update.lr,
-                          beta2=self.config.second_moment_beta, eps=self.eps,
-                          correction=1.0 - self.config.second_moment_beta**update.step)  # fmt: skip
+                          decay_factor=update.decay_factor, lr=update.lr, beta2=beta2,
+                          correction=1.0 - beta2**update.step, eps=self.eps)  # fmt: skip
         with record_function("scape.update"):
             self._kernels.finish(self.geo, moment, grad, masks, self._dct, self._sent, synced,
-                                 beta=beta, world_size=self.geo.world_size, commit=commit,
+                                 beta=self.config.moment_beta, world_size=self.geo.world_size,
+                                 commit=commit, residual_in_grad=not self.payload_is_grad(dense),
                                  **kwargs)  # fmt: skip
-        if masks is None:
-            self._sent = None  # the dense warm-up's copy goes
-        if next_mask is not None and masks is not None:
-            with record_function("scape.select"):
-                self._kernels.select(self.geo, moment[lo:hi], None, self._dct, next_mask,
-                                     beta=beta)  # fmt: skip
+        if next_mask is not None and not dense:
+            self._select(moment, None, next_mask)
 
 
 def make_bucket_step(

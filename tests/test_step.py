@@ -54,18 +54,21 @@ def _run(implementation, size, world, cfg, *, dense, masks, seed=0, clip=0.5):
     rank = world - 1
     step = make_bucket_step(implementation, geo, rank, cfg, DEVICE, s["decay"], 1e-8)
     wire = torch.float32 if cfg.value_dtype == "float32" else torch.bfloat16
-    payload = torch.empty(step.payload_numel(dense), dtype=wire, device=DEVICE)
-    step.pack(s["moment"], s["grad"], None if dense else masks, payload)
-    sent = payload.clone()
-    # the "all-reduce": the other ranks' values as this rank's, scaled (same on both paths)
-    synced = (payload.float() * world).to(wire)
-    param_out = torch.empty(size * world, dtype=torch.bfloat16, device=DEVICE)
+    if step.payload_is_grad(dense):  # the fused warm-up reduces the grad buffer in place
+        payload = s["grad"]
+    else:
+        payload = torch.empty(step.payload_numel(dense), dtype=wire, device=DEVICE)
     next_mask = torch.empty(step.num_selected, dtype=torch.int64, device=DEVICE)
+    step.pack(s["moment"], s["grad"], None if dense else masks, payload, next_mask=next_mask)
+    sent = step.values(payload, dense).clone()
+    # the "all-reduce": the other ranks' values as this rank's, scaled (same on both paths)
+    synced = (sent.float() * world).to(wire)
+    param_out = torch.empty(size * world, dtype=torch.bfloat16, device=DEVICE)
     update = Update(
         param=s["param"], second_moment=s["second_moment"] if cfg.update == "rms" else None,
         param_out=param_out, decay_factor=0.99, lr=0.01, step=3, clip=clip,
     )  # fmt: skip
-    step.finish(s["moment"], s["grad"], None if dense else masks, synced[:-1], update=update,
+    step.finish(s["moment"], s["grad"], None if dense else masks, synced, update=update,
                 next_mask=next_mask)  # fmt: skip
     return {"payload": sent, "moment": s["moment"], "param": s["param"],
             "second_moment": s["second_moment"], "param_out": param_out, "next_mask": next_mask}  # fmt: skip
@@ -126,6 +129,19 @@ def test_the_bf16_rounding_is_torchs():
     payload = torch.empty(step.payload_numel(True), dtype=torch.bfloat16, device=DEVICE)
     step.pack(moment, grad, None, payload)
     assert torch.equal(payload[: len(values)], values.to(DEVICE).to(torch.bfloat16))
+    # what the wire rounded away stays in the grad buffer for the commit, exactly
+    assert torch.equal(grad[: len(values)], values.to(DEVICE) - payload[: len(values)].float())
+
+
+def test_the_fused_warm_up_reuses_the_grad_buffer():
+    """fp32 wire: the payload is the grad itself, no flag; bf16: a payload without a flag."""
+    step32 = make_bucket_step("fused", Geometry(100, 2, 100, 1), 0, ScapeConfig(), DEVICE, [], 0)
+    bf16 = ScapeConfig(value_dtype="bfloat16")
+    step16 = make_bucket_step("fused", Geometry(100, 2, 100, 1), 0, bf16, DEVICE, [], 0)
+    assert step32.payload_is_grad(True) and not step32.payload_is_grad(False)
+    assert not step16.payload_is_grad(True)
+    assert step32.payload_numel(True) == step16.payload_numel(True) == 200
+    assert step32.payload_numel(False) == 2 * 1 + 1
 
 
 def test_step_clip_is_the_same_scalar_on_both_paths():

@@ -77,6 +77,7 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
             shards,
             group=self.data_parallel_group,
             device=buffer.grad_data.device,
+            grad_buffer=buffer.grad_data,
             decay_runs=[runs_within(runs, s.start, s.end) for s in shards],
             eps=self._eps(),
             implementation=implementation,
@@ -177,7 +178,8 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         # ||q|| over every bucket, before clipping, off the summed buffers (the same on every
         # rank, no collective); clipped by Megatron's clip_grad, as the dense arm's gradient
         norm, clip = step_clip(st.synced_all(), self.config.clip_grad, st.implementation)
-        # After the dense warm-up, each rank makes its own shards' masks for the next step.
+        # From the last warm-up step on, each rank makes its own shards' masks for the next
+        # step (prepare_grads has counted this step: st.step is its number).
         make_masks = st.step >= cfg.dense_warmup_steps
         separate = st.main.data_ptr() != self.param_buffer.data_ptr()  # bf16 model params
         for b, shard in enumerate(st.shards):

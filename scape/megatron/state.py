@@ -31,7 +31,7 @@ from torch.profiler import record_function
 from scape.comm import ByteCounter, SparseCommunicator
 from scape.config import ScapeConfig
 from scape.megatron.layout import BucketShard
-from scape.shard import WIRE_DTYPES
+from scape.shard import WIRE_DTYPES, all_finite
 from scape.step import Geometry, make_bucket_step, resolve_implementation
 
 __all__ = ["ScapeState", "WaitAll"]
@@ -45,6 +45,7 @@ class ScapeState:
         *,
         group,
         device: torch.device,
+        grad_buffer: Tensor,
         decay_runs: list[list[tuple[int, int]]],
         eps: float,
         counter: ByteCounter | None = None,
@@ -55,6 +56,7 @@ class ScapeState:
         self.comm = SparseCommunicator(group, counter)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.device = device
+        self.grad_buffer = grad_buffer  # Megatron's, (N,): every bucket's fresh gradient
         starts = [0] + [s.end for s in shards[:-1]]
         if [s.start for s in shards] != starts:
             raise ValueError(
@@ -159,15 +161,22 @@ class ScapeState:
 
     # ------------------------------------------------------------------ the values
     def _open_payloads(self) -> None:
-        """This step's payload views: the sparse buffer, or a dense one for the warm-up."""
+        """This step's payload views: the sparse buffer; in the warm-up a dense one, or the
+        grad buffer itself where the implementation reduces it in place."""
         dense = self.step_is_dense()
         sizes = [step.payload_numel(dense) for step in self.steps]
-        self.payload = (
-            torch.empty(sum(sizes), dtype=self.wire_dtype, device=self.device)
-            if dense
-            else self._sparse_payload
-        )
+        if not dense:
+            self.payload = self._sparse_payload
+        elif self.steps[0].payload_is_grad(dense):
+            self.payload = self.grad_buffer
+        else:
+            self.payload = torch.empty(sum(sizes), dtype=self.wire_dtype, device=self.device)
         self.payloads = list(self.payload.split(sizes))
+
+    def makes_masks(self) -> bool:
+        """Whether the step being run makes the next step's masks (from its last warm-up
+        step on)."""
+        return self.step + 1 >= self.config.dense_warmup_steps
 
     @record_function("scape.pack")
     def pack_bucket(self, b: int, grad: Tensor) -> Tensor:
@@ -178,7 +187,8 @@ class ScapeState:
             self._open_payloads()
         shard = self.shards[b]
         masks = None if self.dense else self.masks[b]
-        self.steps[b].pack(self.moment[shard.start : shard.end], grad, masks, self.payloads[b])
+        self.steps[b].pack(self.moment[shard.start : shard.end], grad, masks, self.payloads[b],
+                           next_mask=self.next_mask_out(b) if self.makes_masks() else None)  # fmt: skip
         return self.payloads[b]
 
     def start_grad_exchange(self, b: int, grad: Tensor, *, async_op: bool):
@@ -199,16 +209,17 @@ class ScapeState:
         """Bucket ``b``'s summed values (without the flag), after the exchange finished."""
         if self._fused is not None:
             self._fused.wait(require=True)
-        return self.payloads[b][:-1]
+        return self.steps[b].values(self.payloads[b], self.dense)
 
     def synced_all(self) -> list[Tensor]:
         return [self.synced(b) for b in range(len(self.shards))]
 
     def step_is_finite(self) -> bool:
-        """Every bucket's summed values and flags finite (one check, one host sync)."""
+        """Every bucket's summed values and flags finite: one sum over the payload buffer and
+        one host sync (:func:`scape.shard.all_finite`, no bucket-sized temporary)."""
         if self._fused is not None:
             self._fused.wait(require=True)
-        return bool(torch.isfinite(self.payload).all())
+        return bool(all_finite(self.payload))
 
     def clear_step(self) -> None:
         """Forget this step's transport (a dense warm-up's payloads are freed)."""

@@ -66,9 +66,7 @@ def test_kernel_microbench_at_toy_sizes(implementation):
     assert row["selected_per_shard"] == shard // 100 * 10 + min(10, shard % 100)
     assert all(row[k] > 0 for k in PARTS)
     assert row["step_vs_copy_pass"] == pytest.approx(row["step_s"] / report["floor_copy_pass_s"])
-    assert row["step_vs_traffic_floor"] == pytest.approx(
-        row["step_s"] / report["traffic_floor_s"]
-    )
+    assert row["step_vs_traffic_floor"] == pytest.approx(row["step_s"] / report["traffic_floor_s"])
     blocked_reference = row["blocked_one_bucket_times_buckets_s"]
     assert (blocked_reference is None) == (implementation == "blocked")
 
