@@ -277,6 +277,26 @@ def notes(sweep: Sweep | None, o: dict[str, Any] | None, proj: dict[str, Any] | 
     return out
 
 
+def gpu_section() -> list[str]:
+    """Issue 40's goals and the memory per rank, from the newest GPU check of the fused step."""
+    from benchmarks.gpu_goals import goal_rows, memory_rows, newest_check
+    from scape.megatron.models import SHAPES, count_params
+
+    found = newest_check()
+    n = count_params(SHAPES["llama-1.8b"])
+    if found is None:
+        return ["_No GPU check of the fused step in results/gpu/ yet (`scripts/gpu_check.sh`)._"]
+    path, report = found
+    env = report["environment"]
+    commit = env.get("git_commit_stated") or f"{env['git_commit'][:10]} as the machine saw it"
+    return [f"From `{path}` ({env['gpu']}, torch {env['torch']}, Triton {env.get('triton')}, "
+            f"1-min load {env.get('load_average_1min', float('nan')):.2f}, commit {commit}; "
+            "see results/gpu/README.md for the code it ran).", "",
+            *_table(["goal", "bound", "measured", "status"], goal_rows(report)), "",
+            "Memory per rank (bf16 model params, fp32 grads):", "",
+            *_table(*memory_rows(report, n))]  # fmt: skip
+
+
 def shipped_wire() -> str:
     """The values' dtype the SCAPE configs send (the quality study's recipe decides it)."""
     from pipelines.training.config import compose
@@ -298,7 +318,8 @@ def render(bench_dir: Path, wire: str | None = None) -> str:
         "## 2. The Megatron train step on an emulated cluster", "", *step_section(sweep), "",
         "## 3. Optimizer-side work", "", *overhead_section(o, p, parts), "",
         "## 4. Projection to the paper's cluster, and where SCAPE pays", "", *projection_section(p, bench_dir), "",
-        "## 5. Peers: PowerSGD, DGC-style top-k, 1-bit-Adam-style (issue 8)", "",
+        "## 5. SCAPE's step on a GPU and its memory (issue 40)", "", *gpu_section(), "",
+        "## 6. Peers: PowerSGD, DGC-style top-k, 1-bit-Adam-style (issue 8)", "",
         "`make peers-study` (losses, bytes) and `make bench-peers-cluster` (step times on the emulated "
         "cluster): [results/peers/README.md](../peers/README.md).", "",
         "## Findings and caveats", "", *notes(sweep, o, p), ""])  # fmt: skip

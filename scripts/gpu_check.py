@@ -78,6 +78,10 @@ def environment() -> dict:
             env[package.replace("-", "_")] = f"unavailable: {err}"
     version = git_version(ROOT)
     env["git_commit"], env["git_dirty"] = version["commit"], version["dirty"]
+    # A lent machine's copy of the tree may carry another .git than the one it was sent from
+    # (the 2026-12-04 18:33 run saw the session's first commit, "dirty"): the caller states
+    # the commit it sent, `SCAPE_COMMIT=$(git rev-parse HEAD)`, and both are kept.
+    env["git_commit_stated"] = os.environ.get("SCAPE_COMMIT")
     return env
 
 
