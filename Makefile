@@ -133,7 +133,7 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-queue quality-replay quality-report $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
@@ -154,6 +154,12 @@ quality-queue: $(STAMP)
 # and their runs share the tables; any difference: the older runs stay apart (re-run them).
 quality-replay: $(STAMP)
 	$(PY) -m pipelines.quality_study replay=true data_dir=$(QUALITY_DATA) $(ARGS)
+
+# Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
+# about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it
+# after a batch has finished, before committing its runs; folders still being written are skipped.
+quality-archive: $(STAMP)
+	$(PY) -m pipelines.studies.run_store results/quality/runs
 
 # Rewrite results/quality/summary.md, runs.csv and figures from the finished runs (seconds).
 quality-report: $(STAMP)

@@ -33,6 +33,7 @@ from pipelines.stage import one_line_errors, register_schema
 from pipelines.studies.claims import claim, wait_for_others
 from pipelines.studies.protocol import code_classes, code_version, load_equivalences
 from pipelines.studies.quality_config import QualityStudyConfig, RunSpec
+from pipelines.studies.run_store import run_text
 
 __all__ = ["plan_runs", "resolve", "run"]
 
@@ -189,7 +190,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     from pipelines.studies.quality_data import load_study_data
     from pipelines.studies.quality_report import write_report
     from pipelines.studies.quality_run import (
-        completed_run,
+        completed_log,
         init_megatron_single_process,
         train_run,
     )
@@ -224,8 +225,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         current = str(code["step_code"])
         joined = code_classes(load_equivalences(out_dir / "runs")).get(current, {current})
         for version in sorted(joined, key=lambda c: c != current):
-            path = out_dir / "runs" / version / f"{spec.run_id}.jsonl"
-            if done := completed_run(path, spec.fingerprint()):
+            text = run_text(out_dir / "runs", f"{version}/{spec.run_id}.jsonl")  # or archived
+            if done := completed_log(text, spec.fingerprint()):
                 return done
         return None
 

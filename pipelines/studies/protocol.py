@@ -53,7 +53,7 @@ EQUIVALENCE_FILE = "equivalent.json"  # beside the code versions' folders, under
 # CPU torch). Conservative within these files: a rename also starts a new code version.
 STEP_SOURCES = (
     *(f"scape/{name}.py" for name in ("adams", "basis", "comm", "config", "layout", "shard",
-                                      "simulate")),
+                                      "simulate", "step", "fused")),
     "scape/peers/dgc.py", "scape/megatron/models.py", "scape/megatron/train.py",
     *(f"pipelines/studies/{name}.py" for name in ("quality_run", "quality_data", "readings",
                                                    "quality_config")),

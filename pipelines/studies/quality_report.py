@@ -30,6 +30,7 @@ from pipelines.studies.protocol import (
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.quality_run import FINAL, STALENESS_KEYS
 from pipelines.studies.reading_costs import reading_cost
+from pipelines.studies.run_store import run_texts
 
 __all__ = [
     "RunIndex",
@@ -38,6 +39,7 @@ __all__ = [
     "cost_table",
     "gap_table",
     "load_runs",
+    "parse_run",
     "read_run",
     "lr_table",
     "overview_table",
@@ -71,18 +73,24 @@ class RunLog:
         return (self.header.get("code") or {}).get("commit")
 
 
-def read_run(path: Path) -> RunLog | None:
-    """A run's JSONL file; None when the run has not finished."""
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+def parse_run(text: str) -> RunLog | None:
+    """A run's JSONL log; None when the run has not finished."""
+    lines = [json.loads(line) for line in text.splitlines()]
     if len(lines) < 2 or lines[-1].get("event") != FINAL:
         return None
     return RunLog(lines[0], lines[1:-1], lines[-1])
 
 
+def read_run(path: Path) -> RunLog | None:
+    """A run's JSONL file; None when the run has not finished."""
+    return parse_run(path.read_text(encoding="utf-8"))
+
+
 def load_runs(runs_dir: Path) -> list[RunLog]:
-    """Every finished run under ``runs_dir``: each code version's folder, and the unstamped
-    runs made before runs recorded their code, at the top."""
-    runs = (read_run(path) for path in sorted(runs_dir.rglob("*.jsonl")))
+    """Every finished run under ``runs_dir``: each code version's folder or archive, and the
+    unstamped runs made before runs recorded their code, at the top
+    (:func:`pipelines.studies.run_store.run_texts`)."""
+    runs = (parse_run(text) for _, text in run_texts(runs_dir))
     return [r for r in runs if r is not None]
 
 

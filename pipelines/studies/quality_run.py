@@ -41,6 +41,7 @@ from scape.simulate import Simulator
 __all__ = [
     "DivergenceRule",
     "build_simulator",
+    "completed_log",
     "completed_run",
     "init_megatron_single_process",
     "load_simulator_state",
@@ -128,7 +129,12 @@ def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
     """The final record of a finished run with these settings, else None."""
     if not path.is_file():
         return None
-    lines = path.read_text(encoding="utf-8").splitlines()
+    return completed_log(path.read_text(encoding="utf-8"), fingerprint)
+
+
+def completed_log(text: str | None, fingerprint: str) -> dict[str, Any] | None:
+    """:func:`completed_run` of a log's text (None: no log)."""
+    lines = [] if text is None else text.splitlines()
     if not lines:
         return None
     header, last = json.loads(lines[0]), json.loads(lines[-1])
