@@ -153,6 +153,7 @@ quality-queue: $(STAMP)
 # Same bits in every logged record: results/quality/runs/equivalent.json joins the versions,
 # and their runs share the tables; any difference: the older runs stay apart (re-run them).
 quality-replay: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study replay=true data_dir=$(QUALITY_DATA) $(ARGS)
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
