@@ -133,7 +133,7 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive quality-replay-host $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
@@ -155,6 +155,11 @@ quality-queue: $(STAMP)
 quality-replay: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
 	$(PY) -m pipelines.quality_study replay=true data_dir=$(QUALITY_DATA) $(ARGS)
+
+# The same replay with both sides made on this host (a host with another CPU can miss the
+# older code's own stored bits): OLDER=<commit of the older code version>, after quality-replay.
+quality-replay-host: $(STAMP)
+	$(PY) -m pipelines.studies.host_replay $(OLDER) --data-dir $(QUALITY_DATA)
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
 # about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it

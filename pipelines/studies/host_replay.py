@@ -1,0 +1,106 @@
+"""`make quality-replay-host OLDER=<commit>`: a replay whose two sides ran on one host.
+
+`make quality-replay` compares today's code, run here, with bits stored from whatever host
+made the older runs. On a host with another CPU the older code itself can miss its own
+stored bits (2026-12-04, AMD EPYC with AVX-512: commit 298e163 missed its 300-step runs in
+the last places), so a failed replay there says nothing about the change. This makes both
+sides here:
+
+1. today's code re-runs the older version's replay set: the runs `make quality-replay` left
+   in its ``replay_dir`` (run it first);
+2. the older commit, checked out in a temporary git worktree, replays those runs with its
+   own code (its own ``quality_study replay=true`` on a copy of them, on this host);
+3. where the older code gives every logged bit of today's runs, the two versions are
+   recorded as one in ``results/quality/runs/equivalent.json``, the record naming the host
+   and the older commit; otherwise nothing is recorded and the first difference is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pipelines.studies.protocol import load_equivalences, record_equivalence, step_code
+from pipelines.studies.quality_report import read_run
+
+__all__ = ["host_name", "main", "replay_on_this_host"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def host_name() -> str:
+    """The CPU model and its widest vector extension: what decides the last bits here."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown CPU")  # fmt: skip
+    vector = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "no AVX2"
+    return f"{model}, {vector}"
+
+
+def _git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+def replay_on_this_host(older: str, *, data_dir: Path, replay_dir: Path,
+                        runs_dir: Path) -> dict | None:  # fmt: skip
+    """Steps 2-3 of the module docstring; returns the recorded equivalence, or None."""
+    current = step_code(REPO)
+    ours = sorted(p for p in (replay_dir / current).glob("*.jsonl") if read_run(p) is not None)
+    if not ours:
+        raise SystemExit(
+            f"host replay: no finished replay of code version {current} in {replay_dir / current}:"
+            " run `make quality-replay` first (its runs are today's side)"
+        )
+    commit = _git("rev-parse", "--verify", f"{older}^{{commit}}")
+    with tempfile.TemporaryDirectory(prefix="host_replay_") as tmp:
+        tree, out = Path(tmp) / "tree", Path(tmp) / "out"
+        _git("worktree", "add", "--detach", str(tree), commit)
+        try:
+            (out / "runs" / current).mkdir(parents=True)
+            for path in ours:
+                shutil.copy2(path, out / "runs" / current / path.name)
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            print(f"host replay: commit {commit[:10]} replays {len(ours)} runs of `{current}` "
+                  f"on this host ({host_name()})", flush=True)  # fmt: skip
+            subprocess.run([sys.executable, "-m", "pipelines.quality_study", "replay=true",
+                            f"out_dir={out}", f"data_dir={Path(data_dir).resolve()}",
+                            f"replay_dir={Path(tmp) / 'replays'}"], cwd=tree, env=env,
+                           check=True)  # fmt: skip
+            found = [r for r in load_equivalences(out / "runs") if r["same_as"] == current]
+        finally:
+            _git("worktree", "remove", "--force", str(tree))
+    if not found:
+        print(f"host replay: commit {commit[:10]} does NOT compute what `{current}` did on this "
+              "host; nothing recorded", flush=True)  # fmt: skip
+        return None
+    record = {**found[0], "commit": commit, "host": host_name(),
+              "how": "the older commit replayed the newer version's runs, both made on this host"}  # fmt: skip
+    record_equivalence(runs_dir, record)
+    print(f"host replay: `{record['code']}` (commit {commit[:10]}) computes what `{current}` "
+          f"does on this host; recorded in {runs_dir / 'equivalent.json'}", flush=True)  # fmt: skip
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("older", help="a commit whose code version made stored runs")
+    parser.add_argument("--data-dir", type=Path, default=Path("data/enwiki_sample__bytebpe1k"))
+    parser.add_argument("--replay-dir", type=Path, default=Path("outputs/quality_replay"))
+    parser.add_argument("--runs-dir", type=Path, default=Path("results/quality/runs"))
+    args = parser.parse_args(argv)
+    record = replay_on_this_host(args.older, data_dir=args.data_dir, replay_dir=args.replay_dir,
+                                 runs_dir=args.runs_dir)  # fmt: skip
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
