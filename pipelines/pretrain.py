@@ -108,9 +108,12 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
     cfg = _to_config(cfg)
     run_dir = run_dir_of(cfg)
     o = cfg.optimizer
-    if o.lr_multiplier != 1.0:  # the recipe's ratio: say so, the configured lr is not what runs
-        print(f"{o.label}: lr {o.scaled()['lr']:g} = train lr {o.lr:g} x optimizer.lr_multiplier "
-              f"{o.lr_multiplier:g} (min_lr likewise)", file=sys.stderr)  # fmt: skip
+    if o.lr_multiplier != 1.0 or o.lr_multiplier_by_family:  # the configured lr is not all
+        source = ("the recipe's for the " + cfg.model.family + " family"
+                  if o.lr_multiplier_by_family.get(cfg.model.family) == o.lr_multiplier
+                  else "optimizer.lr_multiplier")  # fmt: skip
+        print(f"{o.label}: lr {o.scaled()['lr']:g} = train lr {o.lr:g} x {o.lr_multiplier:g} "
+              f"({source}; min_lr likewise)", file=sys.stderr)  # fmt: skip
     # Set by submitit inside its jobs: Hydra's submitit launcher (and our own Slurm jobs)
     # call this function once per task, and each task is one rank.
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":

@@ -1,7 +1,9 @@
 """The shipped SCAPE configs carry what the verdict's evidence supports: the lr ratio to dense
-AdamS in results/quality/recipe.json where it is a rule, else 1 (the README says how to
-tune), and the values' dtype the bf16-wire runs support. Written by the quality report; a
-config edited by hand, or a new recipe not carried to the configs, fails here."""
+AdamS per model family from results/quality/recipe.json (a family's ratio where three or
+more of its sizes agree, else the multiplier whose worst gap over its sizes is least; 1 for a
+family without one), applied to the model's family, and the values' dtype the bf16-wire runs
+support. Written by the quality report; a config edited by hand, or a new recipe not carried
+to the configs, fails here."""
 
 from __future__ import annotations
 
@@ -15,11 +17,26 @@ from pipelines.training.config import compose
 REPO = Path(__file__).resolve().parents[1]
 
 
+FAMILY_MODELS = {"gpt": "tiny_gpt", "llama": "tiny_llama"}
+
+
 @pytest.mark.parametrize("variant", ["scape90", "scape99"])
-def test_the_configs_lr_multiplier_is_the_recipes(variant: str) -> None:
+def test_the_configs_lr_multiplier_per_family_is_the_recipes(variant: str) -> None:
+    from pipelines.studies.quality_report import family_multipliers
+
     recipe = json.loads((REPO / "results" / "quality" / "recipe.json").read_text())
-    expected = recipe["methods"][variant]["multiplier"] or 1.0
-    assert compose([f"optimizer={variant}"]).optimizer.lr_multiplier == expected
+    expected = family_multipliers(recipe, variant)
+    assert set(expected) == set(FAMILY_MODELS), expected  # the recipe speaks for every family
+    for family, model in FAMILY_MODELS.items():
+        cfg = compose([f"optimizer={variant}", f"model={model}"])
+        assert dict(cfg.optimizer.lr_multiplier_by_family) == expected
+        assert cfg.optimizer.lr_multiplier == expected[family], (variant, family)
+
+
+def test_a_multiplier_on_the_command_line_wins_and_dense_methods_keep_theirs() -> None:
+    cfg = compose(["optimizer=scape99", "model=tiny_llama", "optimizer.lr_multiplier=3"])
+    assert cfg.optimizer.lr_multiplier == 3.0
+    assert compose(["optimizer=adams", "model=tiny_llama"]).optimizer.lr_multiplier == 1.0
 
 
 @pytest.mark.parametrize("variant", ["scape90", "scape99"])

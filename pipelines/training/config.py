@@ -137,10 +137,13 @@ class OptimizerConfig(AdamHParams, _OptimizerName):
     """The shared hyper-parameters (lr, min_lr, betas, eps, weight_decay, clip_grad: defined
     once in :class:`scape.adams.AdamHParams`) and the method's own options."""
 
-    # The method's lr over the train config's: the recipe's ratio to dense AdamS's lr
-    # (conf/optimizer/scape*.yaml; results/quality/README.md, "The recipe"), applied to lr
-    # and min_lr alike by :meth:`scaled` and printed at start-up.
-    lr_multiplier: float = 1.0
+    # The method's lr over the train config's, applied to lr and min_lr alike by
+    # :meth:`scaled` and printed at start-up. None: the recipe's ratio to dense AdamS's lr for
+    # the model's family (``lr_multiplier_by_family``, conf/optimizer/scape*.yaml;
+    # results/quality/README.md, "The recipe"), 1 for a family it does not name; resolved by
+    # :func:`validate`. A number set on the command line wins over the family's.
+    lr_multiplier: float | None = None
+    lr_multiplier_by_family: dict[str, float] = field(default_factory=dict)
     scape: ScapeSettings = field(default_factory=ScapeSettings)  # only read when name=scape
     powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
     dgc: DGCOptions = field(default_factory=DGCOptions)
@@ -148,7 +151,12 @@ class OptimizerConfig(AdamHParams, _OptimizerName):
 
     def scaled(self) -> dict[str, float]:
         """The shared hyper-parameters as the optimizer and lr schedule use them: lr and
-        min_lr times ``lr_multiplier``."""
+        min_lr times ``lr_multiplier`` (resolved by :func:`validate`)."""
+        if self.lr_multiplier is None:
+            raise ValueError(
+                "optimizer.lr_multiplier is unresolved: validate(cfg) sets it from "
+                "optimizer.lr_multiplier_by_family for the model's family"
+            )
         return {**self.shared(), "lr": self.lr * self.lr_multiplier,
                 "min_lr": self.min_lr * self.lr_multiplier}  # fmt: skip
 
@@ -255,7 +263,8 @@ def _fail(key: str, value: object, why: str) -> None:
 
 
 def validate(cfg: PretrainConfig) -> None:
-    """Rules across fields; each error names the key, the bad value and the fix."""
+    """Rules across fields; each error names the key, the bad value and the fix. Resolves
+    ``optimizer.lr_multiplier`` when unset (the recipe's value for the model's family)."""
     m, o, t, c = cfg.model, cfg.optimizer, cfg.train, cfg.cluster
     if cfg.scale not in SCALES:
         _fail("scale", cfg.scale, f"is not one of {', '.join(SCALES)}")
@@ -267,6 +276,12 @@ def validate(cfg: PretrainConfig) -> None:
             m.hidden_size,
             f"must be divisible by model.num_attention_heads={m.num_attention_heads}",
         )
+    for family, value in o.lr_multiplier_by_family.items():
+        if family not in FAMILIES or not value > 0:
+            _fail(f"optimizer.lr_multiplier_by_family.{family}", value,
+                  f"needs a family in {', '.join(FAMILIES)} and a multiplier > 0")  # fmt: skip
+    if o.lr_multiplier is None:  # the recipe's, for this model's family
+        o.lr_multiplier = float(o.lr_multiplier_by_family.get(m.family, 1.0))
     if not o.lr_multiplier > 0:
         _fail("optimizer.lr_multiplier", o.lr_multiplier, "must be > 0 (1: the train config's lr)")
     if o.name not in OPTIMIZERS:

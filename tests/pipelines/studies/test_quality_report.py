@@ -223,12 +223,14 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
         runs += _grid("scape99", model, {1.0: [5.0, 5.0], 2.0: [4.5, 4.5], 4.0: [4.9, 4.9]})
         runs += _grid("scape90", model, {1.0: [4.0, 4.0]})  # one point: never closed
     short = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
+    short.pop("families")
     assert short == {"multiplier": None, "steps": {"llama": 100, "gpt": 100},
                      "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     for run in runs:  # the same runs at a horizon long enough for a rule
         run.header["steps"] = 1500
     out = recipe(RunIndex(runs), ["llama", "gpt"])
-    assert out["methods"]["scape99"] == {"multiplier": 2.0, "steps": {"llama": 1500, "gpt": 1500},
+    assert {k: v for k, v in out["methods"]["scape99"].items() if k != "families"} == {
+        "multiplier": 2.0, "steps": {"llama": 1500, "gpt": 1500},
                                          "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     assert out["methods"]["scape90"]["multiplier"] is None and out["code"] == "v"
     assert out["methods"]["scape90"]["ratios"] == {"llama": None, "gpt": None}
@@ -429,3 +431,41 @@ def test_the_size_trend_leaves_out_a_size_whose_lr_grid_is_open():
                                                  and r.header["lr_scale"] != 1.0)])  # fmt: skip
     assert size_trend(two_open, "scape99", 100) is None
     assert "no trend" not in scale_text(two_open, {}, [100], {})
+
+
+def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_worst_gap():
+    from pipelines.studies.quality_report import family_multipliers, recipe, recipe_text
+
+    adams = {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]}  # chosen x1, closed
+    runs = []
+    for model in ("llama", "llama192", "llama320"):  # three Llama sizes agree on x2
+        runs += _grid("adams", model, adams, steps=1500)
+        runs += _grid("scape99", model, {1.0: [4.8, 4.8], 2.0: [4.4, 4.4], 4.0: [4.6, 4.6]},
+                      steps=1500)  # fmt: skip
+    # gpt alone: SCAPE-99 best at x1 (a gap of +5% there, +10% at x2)
+    runs += _grid("adams", "gpt", adams, steps=1500)
+    runs += _grid("scape99", "gpt", {0.5: [4.5, 4.5], 1.0: [4.2, 4.2], 2.0: [4.4, 4.4]},
+                  steps=1500)  # fmt: skip
+    # SCAPE-90 on two Llama sizes that disagree (x2 and x4): the least worst gap over both
+    runs += _grid("scape90", "llama", {1.0: [4.3, 4.3], 2.0: [4.05, 4.05], 4.0: [4.1, 4.1],
+                                       8.0: [4.5, 4.5]}, steps=1500)  # fmt: skip
+    runs += _grid("scape90", "llama192", {1.0: [4.5, 4.5], 2.0: [4.3, 4.3], 4.0: [4.04, 4.04],
+                                          8.0: [4.2, 4.2]}, steps=1500)  # fmt: skip
+    for run in runs:
+        run.header["family"] = "gpt" if run.header["model"] == "gpt" else "llama"
+    index = RunIndex(runs)
+    rec = recipe(index, ["llama", "gpt", "llama192", "llama320"])
+    s99 = rec["methods"]["scape99"]["families"]
+    assert (s99["llama"]["multiplier"], s99["llama"]["rule"]) == (2.0, "sizes agree")
+    assert (s99["gpt"]["multiplier"], s99["gpt"]["rule"]) == (1.0, "least worst gap")
+    assert s99["llama"]["gaps"]["llama"]["rule"] == pytest.approx(10.0)  # 4.4 against 4.0
+    assert s99["llama"]["gaps"]["llama"]["x1"] == pytest.approx(20.0)  # 4.8 against 4.0
+    s90 = rec["methods"]["scape90"]["families"]["llama"]
+    # x2: worst of (+1.25%, +7.5%); x4: worst of (+2.5%, +1.0%): x4 is least
+    assert (s90["multiplier"], s90["rule"]) == (4.0, "least worst gap")
+    assert family_multipliers(rec, "scape99") == {"gpt": 1.0, "llama": 2.0}
+    text = recipe_text(rec, index, {})
+    assert (
+        "| SCAPE-99 | llama | x2 (3 sizes agree) | llama (0.22M) | 1,500 | +10.0% | +20.0% |"
+        in text
+    )

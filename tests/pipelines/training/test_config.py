@@ -85,6 +85,14 @@ def test_vista_account_comes_from_the_environment(monkeypatch):
         ("train.precision=fp8", "train.precision='fp8' is not one of fp32, bf16"),
         ("model.hidden_size=130", "divisible by model.num_attention_heads"),
         ("optimizer.lr_multiplier=0", "optimizer.lr_multiplier=0.0 must be > 0"),
+        (
+            "+optimizer.lr_multiplier_by_family.mamba=2",
+            "lr_multiplier_by_family.mamba=2.0 needs a family",
+        ),
+        (
+            "++optimizer.lr_multiplier_by_family.llama=-1",
+            "lr_multiplier_by_family.llama=-1.0 needs",
+        ),
     ],
 )
 def test_invalid_values_are_rejected_with_the_key_and_fix(override, needle):
