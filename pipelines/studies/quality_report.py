@@ -217,12 +217,13 @@ class RunIndex:
         )
 
     def paired_gaps(
-        self, model: str, variant: str, steps: int, lr: float, ref_lr: float
-    ) -> list[float]:
-        """Percent gap to AdamS (at ``ref_lr``) per seed that both have."""
+        self, model: str, variant: str, steps: int, lr: float, ref_lr: float,
+        reference: str = REFERENCE,
+    ) -> list[float]:  # fmt: skip
+        """Percent gap to ``reference`` (dense AdamS; at ``ref_lr``) per seed both have."""
         gaps = []
         for seed in self.seeds(model, variant, steps, lr):
-            ref = self.final(RunKey(model, REFERENCE, steps, ref_lr, seed))
+            ref = self.final(RunKey(model, reference, steps, ref_lr, seed))
             val = self.final(RunKey(model, variant, steps, lr, seed))
             if ref is not None and val is not None and math.isfinite(ref):
                 gaps.append(100.0 * (val - ref) / ref)
@@ -255,19 +256,21 @@ class GapCell:
 
 
 def gap_cell(
-    index: RunIndex, model: str, variant: str, steps: int, *, lr_from: int | None = None
-) -> GapCell:
+    index: RunIndex, model: str, variant: str, steps: int, *, lr_from: int | None = None,
+    reference: str = REFERENCE,
+) -> GapCell:  # fmt: skip
     """A variant at its lr (lowest mean final loss over the cell's seeds at horizon
-    ``lr_from``, default ``steps``), against AdamS at its own lr chosen the same way."""
+    ``lr_from``, default ``steps``), against ``reference`` (dense AdamS) at its own lr chosen
+    the same way."""
     pick = lr_from or steps
     choice = index.lr_choice(model, variant, pick)
-    ref_lr = index.best_lr(model, REFERENCE, pick)
+    ref_lr = index.best_lr(model, reference, pick)
     if choice is None or ref_lr is None:
         return GapCell(None if choice is None else choice.lr, [], None)
     lr = choice.lr
     if not index.seeds(model, variant, steps, lr):
         return GapCell(lr, [], None)
-    gaps = index.paired_gaps(model, variant, steps, lr, ref_lr)
+    gaps = index.paired_gaps(model, variant, steps, lr, ref_lr, reference)
     finals = [
         index.final(RunKey(model, variant, steps, lr, s))
         for s in index.seeds(model, variant, steps, lr)
@@ -285,8 +288,10 @@ def gap_table(
     horizons: list[int],
     *,
     lr_from: int | None = None,
+    reference: str = REFERENCE,
 ) -> str:
-    """Rows: variants; per model and horizon: final loss, paired gap to AdamS, lr used."""
+    """Rows: variants; per model and horizon: final loss, paired gap to ``reference`` (dense
+    AdamS), lr used."""
     head = ["variant"]
     for model in models:
         for steps in horizons:
@@ -297,11 +302,12 @@ def gap_table(
         present = False
         for model in models:
             for steps in horizons:
-                cell = gap_cell(index, model, variant, steps, lr_from=lr_from)
+                cell = gap_cell(index, model, variant, steps, lr_from=lr_from,
+                                reference=reference)  # fmt: skip
                 present = present or cell.loss is not None
                 cells += [
                     _fmt_loss(cell.loss),
-                    "0 (reference)" if variant == REFERENCE and cell.gaps else _fmt_gap(cell.gaps),
+                    "0 (reference)" if variant == reference and cell.gaps else _fmt_gap(cell.gaps),
                     "-"
                     if cell.lr is None or cell.loss is None
                     else f"{cell.lr:g}" + ("" if cell.closed else " (grid open)"),
@@ -596,6 +602,7 @@ def size_table(
 
 
 VERDICT_METHODS = (("SCAPE-90", "scape90", "90%"), ("SCAPE-99", "scape99", "99%"))
+ADAMW = "adamw"  # the other dense reference: the verdict states SCAPE's gap to it too
 
 # Student t, two-sided 95%, df = 1..10 (df > 10 uses the last: slightly wide, never narrow)
 T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
@@ -760,8 +767,16 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
                      else f"ahead of dense AdamS in {ahead} of {n} seeds")  # fmt: skip
             open_ = [name for name, c in ((label, cell), ("AdamS", ref)) if not c.closed]
             grid = f"; lr grid open for {' and '.join(open_)}" if open_ else ""
+            against = ""
+            to_adamw = gap_cell(index, model, variant, steps, reference=ADAMW)
+            if to_adamw.gaps:
+                w_ahead, w_n = sum(g < 0 for g in to_adamw.gaps), len(to_adamw.gaps)
+                w_order = ("ahead of it in every seed" if w_ahead == w_n
+                           else "behind it in every seed" if w_ahead == 0
+                           else f"ahead of it in {w_ahead} of {w_n} seeds")  # fmt: skip
+                against = f", {_fmt_gap(to_adamw.gaps)} against dense AdamW ({w_order})"
             parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({index.params_text(model)}; "
-                         f"{order}{grid})")  # fmt: skip
+                         f"{order}{grid}){against}")  # fmt: skip
         sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
     shown = {REFERENCE, *(v for _, v, _ in VERDICT_METHODS)}
     made = {r.commit for k, r in index.runs.items()
@@ -769,7 +784,8 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
     commits = ", ".join(c[:10] for c in sorted(made)) or "an unrecorded commit"
     return (
         " ".join(sentences)
-        + f" Gaps in final validation loss to dense AdamS at {steps:,} steps, paired by seed, "
+        + f" Gaps in final validation loss to dense AdamS (and to AdamW where named) at "
+        f"{steps:,} steps, paired by seed, "
         f"each method at the lr of its lowest mean final loss over the seeds; {clipping(index)}; "
         f"runs of commit {commits} (code version `{index.code}`"
         + (f", with {', '.join(f'`{c}`' for c in sorted(index.codes - {index.code}))}, which "
@@ -853,6 +869,11 @@ def finalists_text(
         "",
         gap_table(index, [REFERENCE, *VERDICT_FINALISTS], labels, models, horizons),
     ]
+    to_adamw = gap_table(index, [ADAMW, *(v for _, v, _ in VERDICT_METHODS)], labels, models,
+                         horizons, reference=ADAMW)  # fmt: skip
+    if to_adamw.count("\n") > 2:  # dense AdamW and a SCAPE finalist ran
+        parts += ["", "The same runs against dense AdamW (each at its own lr, paired by seed):",
+                  "", to_adamw]  # fmt: skip
     paired = (  # (pairs, the sides' names, the sentence before the table)
         (WIRE_PAIRS, ("fp32 wire", "bf16 wire"), "The bf16 wire at {steps:,} steps, at the fp32 "
          "wire's lr, paired by seed: within the fp32 wire's seed spread in {within} of {n} cells."),

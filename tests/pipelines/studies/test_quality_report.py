@@ -469,3 +469,18 @@ def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_wor
         "| SCAPE-99 | llama | x2 (3 sizes agree) | llama (0.22M) | 1,500 | +10.0% | +20.0% |"
         in text
     )
+
+
+def test_the_verdict_states_the_gap_to_adamw_beside_adamss():
+    from pipelines.studies.quality_report import verdict_text
+
+    runs = []
+    for model in ("llama", "gpt"):
+        runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
+        runs += _grid("adamw", model, {0.5: [4.0, 4.0], 1.0: [3.9, 3.9], 2.0: [3.95, 3.95]})
+        for variant in ("scape90", "scape99"):
+            runs += _grid(variant, model, {0.5: [4.3, 4.3], 1.0: [4.1, 4.1], 2.0: [4.2, 4.2]})
+    text = verdict_text(RunIndex(runs), ["llama", "gpt"])
+    # 4.1 against AdamS's 4.0: +2.5%; against AdamW's 3.9: +5.1%, behind it in every seed
+    assert "+2.5 ± 0.0% (n=2) on llama" in text
+    assert "+5.1 ± 0.0% (n=2) against dense AdamW (behind it in every seed)" in text
