@@ -98,7 +98,7 @@ def grid_extensions(
     chosen lr (:func:`~pipelines.studies.protocol.choose_lr`, over its seeds, at this
     horizon, this code version's runs) is the grid's lowest or highest point, the point half
     or twice as large, on every seed of the cell."""
-    from pipelines.studies.quality_report import RunIndex
+    from pipelines.studies.run_index import RunIndex
 
     index = RunIndex.load(out_dir, code)
     cells = {(s.model.name, s.variant_name): s for s in plan if s.variant.core}
@@ -139,8 +139,8 @@ def replay_others(
     ``only_variants`` narrow the set); record the two versions as one where every replay gives
     the same bits, and say where the first one differed otherwise."""
     from pipelines.studies.protocol import UNSTAMPED, record_equivalence
-    from pipelines.studies.quality_report import load_runs, read_run, run_key
     from pipelines.studies.replay import differences, replay_set, spec_of
+    from pipelines.studies.run_index import load_runs, read_run, run_key
 
     runs_root, current = out_dir / "runs", str(code["step_code"])
     runs = [r for r in load_runs(runs_root)
@@ -204,7 +204,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     runs_dir = out_dir / "runs" / str(code["step_code"])
 
     def chosen_lr(model: str, variant: str) -> float | None:
-        from pipelines.studies.quality_report import RunIndex
+        from pipelines.studies.run_index import RunIndex
 
         choice = RunIndex.load(out_dir, str(code["step_code"])).lr_choice(
             model, variant, cfg.scale.steps

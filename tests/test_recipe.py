@@ -22,7 +22,7 @@ FAMILY_MODELS = {"gpt": "tiny_gpt", "llama": "tiny_llama"}
 
 @pytest.mark.parametrize("variant", ["scape90", "scape99"])
 def test_the_configs_lr_multiplier_per_family_is_the_recipes(variant: str) -> None:
-    from pipelines.studies.quality_report import family_multipliers
+    from pipelines.studies.recipe import family_multipliers
 
     recipe = json.loads((REPO / "results" / "quality" / "recipe.json").read_text())
     expected = family_multipliers(recipe, variant)

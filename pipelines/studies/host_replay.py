@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.studies.protocol import load_equivalences, record_equivalence, step_code
-from pipelines.studies.quality_report import read_run
+from pipelines.studies.run_index import read_run
 
 __all__ = ["host_name", "main", "replay_on_this_host"]
 

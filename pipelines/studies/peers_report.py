@@ -479,7 +479,7 @@ def report(
     plot_frontier(doc, out_dir / "frontier.png")
     ref = next((m for m in doc["methods"] if m["method"] == REFERENCE), None)
     if readme is not None and ref is not None and ref["final"]["n"]:  # nothing to show before
-        from pipelines.studies.quality_report import update_block
+        from pipelines.studies.report_prose import update_block
 
         update_block(readme, frontier_block(doc), BLOCK)
     _curves(runs, doc, out_dir, cluster_jsons, command)

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from pipelines.studies.quality_config import ModelSpec, RunSpec, ScaleConfig, VariantSpec
-from pipelines.studies.quality_report import RunLog, run_key
+from pipelines.studies.run_index import RunLog, run_key
 
 __all__ = ["differences", "replay_set", "spec_of"]
 

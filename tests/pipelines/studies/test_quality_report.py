@@ -8,14 +8,10 @@ import dataclasses
 import pytest
 
 from pipelines.studies.quality_config import VariantSpec
-from pipelines.studies.quality_report import (
-    RunIndex,
-    RunLog,
-    gap_cell,
-    lr_table,
-    staleness_table,
-)
 from pipelines.studies.reading_costs import reading_cost
+from pipelines.studies.report_stats import gap_cell
+from pipelines.studies.report_tables import lr_table, staleness_table
+from pipelines.studies.run_index import RunIndex, RunLog
 
 
 def _log(variant: str, val: float, seed: int, *, steps=100, lr=1.0, diverged=False, code=None):
@@ -92,7 +88,7 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
     text = index.provenance()
     assert "`ccc` (commit c0ffee1234) replayed 2 runs of `aaa`" in text and "2 of `bbb`" in text
     assert RunIndex(runs).codes == {"aaa"} and len(RunIndex(runs).runs) == 2  # no replay: apart
-    from pipelines.studies.quality_report import finalists_text
+    from pipelines.studies.report_prose import finalists_text
 
     assert "(`aaa`, with `ccc`, joined by bit-for-bit replays" in finalists_text(
         index, {}, ["m"], [100]
@@ -100,7 +96,7 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
     # the same runs standing in for both SCAPE finalists too: a verdict to word
     index.runs.update({dataclasses.replace(k, variant=v): r
                        for k, r in list(index.runs.items()) for v in ("scape90", "scape99")})  # fmt: skip
-    from pipelines.studies.quality_report import verdict_text
+    from pipelines.studies.report_prose import verdict_text
 
     assert "(code version `aaa`, with `ccc`, which replays showed to compute the same bits)" in (
         verdict_text(index, ["m"])
@@ -133,7 +129,7 @@ def test_costs_at_the_paper_shape() -> None:
 
 def test_overview_row_per_reading_with_gaps_per_horizon_and_costs() -> None:
     from pipelines.studies.quality_config import ReadingRow
-    from pipelines.studies.quality_report import overview_table
+    from pipelines.studies.report_tables import overview_table
 
     index = RunIndex([
         _log("adams", 4.0, 0), _log("adams", 3.0, 0, steps=1500),
@@ -173,7 +169,7 @@ def _grid(variant: str, model: str, losses: dict[float, list[float]], steps=100)
 
 
 def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks(tmp_path):
-    from pipelines.studies.quality_report import update_block, verdict_text
+    from pipelines.studies.report_prose import update_block, verdict_text
 
     def index(scape99_loss: float) -> RunIndex:
         runs = []
@@ -215,7 +211,7 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
 
 
 def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
-    from pipelines.studies.quality_report import recipe, recipe_text
+    from pipelines.studies.recipe import recipe, recipe_text
 
     runs = []
     for model in ("llama", "gpt"):
@@ -252,7 +248,7 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
 
 
 def test_divergence_summary_counts_what_the_runs_show():
-    from pipelines.studies.quality_report import divergence_summary
+    from pipelines.studies.report_prose import divergence_summary
 
     runs = [_log("adams", 4.0, 0), _log("x", 9.0, 0, diverged=True), _log("y", 4.1, 1)]
     runs[2].final["spike_steps"] = 3
@@ -273,12 +269,9 @@ def _sized(model: str, params: int, variant: str, losses: dict[float, list[float
 
 
 def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(tmp_path):
-    from pipelines.studies.quality_report import (
-        WIRE_PAIRS,
-        finalists_text,
-        paired_rows,
-        paired_table,
-    )
+    from pipelines.studies.report_prose import finalists_text
+    from pipelines.studies.report_stats import WIRE_PAIRS, paired_rows
+    from pipelines.studies.report_tables import paired_table
 
     runs = _sized("llama", 220_000, "adams", {0.5: [4.3, 4.3, 4.3], 1.0: [4.0, 4.1, 4.2],
                                              2.0: [4.4, 4.4, 4.4]})  # fmt: skip
@@ -300,7 +293,7 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
     )
     text = finalists_text(index, {}, ["llama"], [100])
     assert "within the fp32 wire's seed spread in 1 of 2 cells" in text
-    from pipelines.studies.quality_report import wire_choice
+    from pipelines.studies.recipe import wire_choice
 
     assert wire_choice(index, ["llama"]) == {"value_dtype": "float32", "steps": 100,
                                              "within": 1, "cells": 2}  # fmt: skip
@@ -323,7 +316,9 @@ def test_bf16_wire_rows_pair_seeds_at_the_fp32_lr_and_judge_by_its_seed_spread(t
 
 
 def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
-    from pipelines.studies.quality_report import plot_gap_vs_steps, size_models, size_table
+    from pipelines.studies.report_figures import plot_gap_vs_steps
+    from pipelines.studies.report_stats import size_models
+    from pipelines.studies.report_tables import size_table
 
     runs = []
     for model, params, gap in (("llama320", 8_000_000, 0.4), ("llama", 220_000, 0.2),
@@ -360,7 +355,7 @@ def _three_sizes(gaps: dict[str, list[float]]) -> RunIndex:
 def test_size_trend_is_least_squares_in_log_parameters_with_a_t_interval():
     import numpy as np
 
-    from pipelines.studies.quality_report import T95, size_trend
+    from pipelines.studies.report_stats import T95, size_trend
 
     gaps = {"llama": [6.0, 7.0], "llama192": [8.0, 8.5], "llama320": [9.0, 10.5]}
     trend = size_trend(_three_sizes(gaps), "scape99", 100)
@@ -380,7 +375,7 @@ def test_size_trend_is_least_squares_in_log_parameters_with_a_t_interval():
 
 
 def test_scale_text_reads_the_trend_and_the_paper_sizes_from_its_inputs():
-    from pipelines.studies.quality_report import scale_text
+    from pipelines.studies.report_prose import scale_text
 
     paper = {"Llama-500M": 495_000_000}
     grows = scale_text(_three_sizes({"llama": [6.0, 7.0], "llama192": [8.0, 8.5],
@@ -397,7 +392,9 @@ def test_scale_text_reads_the_trend_and_the_paper_sizes_from_its_inputs():
 
 
 def test_clip_table_counts_the_logged_steps_whose_pre_clip_norm_exceeded_the_clip():
-    from pipelines.studies.quality_report import clip_share, clip_table, finalists_text
+    from pipelines.studies.report_prose import finalists_text
+    from pipelines.studies.report_stats import clip_share
+    from pipelines.studies.report_tables import clip_table
 
     runs = _sized("llama", 220_000, "adams", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
     runs += _sized("llama", 220_000, "scape99", {1.0: [4.4, 4.4]})
@@ -415,7 +412,8 @@ def test_clip_table_counts_the_logged_steps_whose_pre_clip_norm_exceeded_the_cli
 
 
 def test_the_size_trend_leaves_out_a_size_whose_lr_grid_is_open():
-    from pipelines.studies.quality_report import scale_text, size_trend
+    from pipelines.studies.report_prose import scale_text
+    from pipelines.studies.report_stats import size_trend
 
     index = _three_sizes({"llama": [6.0, 7.0], "llama192": [8.0, 8.5], "llama320": [9.0, 10.5]})
     runs = [
@@ -434,7 +432,7 @@ def test_the_size_trend_leaves_out_a_size_whose_lr_grid_is_open():
 
 
 def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_worst_gap():
-    from pipelines.studies.quality_report import family_multipliers, recipe, recipe_text
+    from pipelines.studies.recipe import family_multipliers, recipe, recipe_text
 
     adams = {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]}  # chosen x1, closed
     runs = []
@@ -472,7 +470,7 @@ def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_wor
 
 
 def test_the_verdict_states_the_gap_to_adamw_beside_adamss():
-    from pipelines.studies.quality_report import verdict_text
+    from pipelines.studies.report_prose import verdict_text
 
     runs = []
     for model in ("llama", "gpt"):

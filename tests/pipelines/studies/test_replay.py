@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from pipelines.studies.quality_config import ModelSpec, RunSpec, ScaleConfig, VariantSpec
-from pipelines.studies.quality_report import RunLog
 from pipelines.studies.replay import differences, replay_set, spec_of
+from pipelines.studies.run_index import RunLog
 
 
 def _spec(seed: int = 0, steps: int = 30, lr: float = 1.0) -> RunSpec:

@@ -2,7 +2,7 @@
 
 import json
 
-from pipelines.studies.quality_report import load_runs
+from pipelines.studies.run_index import load_runs
 from pipelines.studies.run_store import archive_all, run_text, run_texts
 
 
