@@ -24,10 +24,14 @@ import torch.distributed as dist
 
 __all__ = [
     "CheckpointMismatch",
+    "load_distributed",
     "load_scape_checkpoint",
     "load_scape_state_dict",
+    "load_sharded",
+    "save_distributed",
     "save_scape_checkpoint",
     "scape_state_dict",
+    "sharded_state",
 ]
 
 FORMAT = "scape-megatron/2"  # 2: local moments and one shared buffer (1 was the masked-AdamS step)
@@ -200,3 +204,101 @@ def load_scape_state_dict(opt, state: dict) -> int:
         torch.cuda.set_rng_state(state["rng"]["cuda"])
     opt.check_consistency()
     return st.step
+
+
+# ---------------------------------------------------------------------- Megatron's checkpoints
+SHARDED_PREFIX = "optimizer.scape."
+
+
+def _common(opt) -> dict:
+    """What every rank shares and a sharded checkpoint keeps once: the run's identity."""
+    st = opt.scape
+    return {"format": FORMAT, "world_size": st.world_size, "config": dataclasses.asdict(st.config),
+            "layout": _layout(opt)}  # fmt: skip
+
+
+def sharded_state(opt, *, is_loading: bool = False) -> dict:
+    """:meth:`ScapeDistributedOptimizer.sharded_state_dict`: Megatron ``ShardedTensor`` s for
+    the rank's own moment (its shard of a (W*N,) tensor: another world size cannot load it),
+    the replicated second moment, fp32 params and masks (written by rank 0's replica), and
+    the counters, configuration and layout as common state. With ``is_loading`` the same
+    keys over fresh tensors to load into."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    st = opt.scape
+    st.finish_mask_exchange()
+    rank, world = st.rank, st.world_size
+
+    def own(key: str, tensor: torch.Tensor) -> ShardedTensor:
+        data = torch.empty_like(tensor) if is_loading else tensor
+        return ShardedTensor.from_rank_offsets(SHARDED_PREFIX + key, data, (0, rank, world))
+
+    def shared(key: str, tensor: torch.Tensor) -> ShardedTensor:
+        data = torch.empty_like(tensor) if is_loading else tensor.contiguous()
+        return ShardedTensor.from_rank_offsets(SHARDED_PREFIX + key, data, replica_id=rank)
+
+    masks = [torch.zeros(world, b.num_selected, dtype=torch.int64, device=st.device)
+             for b in st.bases] if st.masks is None or is_loading else [m.long() for m in st.masks]  # fmt: skip
+    state = {
+        "moment": own("moment", st.moment),
+        "main": shared("main", st.main),
+        "masks": [shared(f"masks.{b}", m) for b, m in enumerate(masks)],
+        "has_masks": st.masks is not None,
+        "step": st.step,
+        "updates": st.updates,
+        "common": _common(opt),
+    }
+    if st.second_moment is not None:
+        state["second_moment"] = shared("second_moment", st.second_moment)
+    return state
+
+
+def load_sharded(opt, state: dict) -> None:
+    """Restore what Megatron's distributed checkpointing loaded into :func:`sharded_state`
+    (its tensors filled, its common values read back), checked against this run first."""
+    st = opt.scape
+    saved, now = state["common"], _common(opt)
+    _check(saved.get("format") == FORMAT, f"format {saved.get('format')!r}, expected {FORMAT!r}")
+    _check(saved["world_size"] == now["world_size"],
+           f"saved with {saved['world_size']} data-parallel ranks, this run has "
+           f"{now['world_size']}; SCAPE's per-rank moments do not reshard")  # fmt: skip
+    diff = {k: (saved["config"].get(k), v) for k, v in now["config"].items()
+            if saved["config"].get(k) != v and k not in TRANSPORT_ONLY}  # fmt: skip
+    _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
+    _check(saved["layout"] == now["layout"],
+           f"buffer layout {saved['layout']} saved, this run has {now['layout']}")  # fmt: skip
+    with torch.no_grad():
+        st.moment.copy_(state["moment"])
+        if st.second_moment is not None:
+            st.second_moment.copy_(state["second_moment"])
+        st.main.copy_(state["main"])
+        if st.main.data_ptr() != opt.param_buffer.data_ptr():
+            opt.param_buffer.copy_(st.main)  # the model's params are the fp32 ones rounded
+    st.step, st.updates = int(state["step"]), int(state["updates"])
+    st.set_masks(state["masks"] if state["has_masks"] else None)
+    st.clear_step()
+    opt.check_consistency()
+
+
+def save_distributed(directory: str | os.PathLike, opt) -> None:
+    """SCAPE's state through Megatron's distributed checkpointing (collective)."""
+    from megatron.core import dist_checkpointing
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    dist_checkpointing.save(opt.sharded_state_dict(), str(directory))
+
+
+def load_distributed(directory: str | os.PathLike, opt) -> int:
+    """Restore :func:`save_distributed`'s checkpoint (collective); returns its step. Another
+    world size or configuration fails with a one-line :class:`CheckpointMismatch` before any
+    tensor is read."""
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(str(directory))
+    saved = common.get("common", {}) if isinstance(common, dict) else {}
+    _check(saved.get("world_size") == opt.scape.world_size,
+           f"saved with {saved.get('world_size')} data-parallel ranks, this run has "
+           f"{opt.scape.world_size}; SCAPE's per-rank moments do not reshard")  # fmt: skip
+    state = dist_checkpointing.load(opt.sharded_state_dict(is_loading=True), str(directory))
+    opt.load_state_dict(state)
+    return opt.scape.step

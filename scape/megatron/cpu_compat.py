@@ -108,6 +108,7 @@ STAND_INS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("torch.cuda", "current_device", lambda: 0),
     ("torch.cuda", "current_stream", lambda device=None: _InertStream()),
     ("torch.cuda", "get_rng_state", lambda device="cuda": _DUMMY_RNG_STATE.clone()),
+    ("torch.cuda", "synchronize", lambda device=None: None),  # dist_checkpointing's saves
     (
         "megatron.core.tensor_parallel.random",
         "_get_cuda_rng_state",

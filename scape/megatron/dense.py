@@ -121,11 +121,19 @@ def set_hyperparams(optimizer, *, lr: float, weight_decay: float) -> None:
 
 
 def build_dense_optimizer(ddp, spec: OptimizerSpec, *, bf16: bool = False):
-    """Megatron ``DistributedOptimizer`` (inside a ``ChainedOptimizer``) with AdamW or AdamS."""
-    from megatron.core.optimizer import get_megatron_optimizer
+    """Megatron ``DistributedOptimizer`` (inside a ``ChainedOptimizer``, re-classed to
+    :class:`scape.megatron.dense_optimizer.DenseOptimizer`) with AdamW or AdamS."""
+    from megatron.core.optimizer import ChainedOptimizer, get_megatron_optimizer
+
+    from scape.megatron.dense_optimizer import DenseOptimizer
 
     install_cpu_compat()
     chained = get_megatron_optimizer(megatron_optimizer_config(spec, bf16=bf16), [ddp])
+    if type(chained) is not ChainedOptimizer:
+        raise TypeError(f"get_megatron_optimizer built {type(chained).__name__}, not a "
+                        "ChainedOptimizer; see scape/megatron/versions.py")  # fmt: skip
+    chained.__class__ = DenseOptimizer  # adds the engine's calls, keeps Megatron's
+    chained.ddp, chained.steps_taken = ddp, 0
     if spec.kind == "adams":
         for dist_opt in chained.chained_optimizers:
             groups = dist_opt.optimizer.param_groups

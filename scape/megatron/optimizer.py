@@ -2,12 +2,18 @@
 synchronized sparse buffer.
 
 Built by Megatron's own factory (``get_megatron_optimizer``: param groups with Megatron's
-weight-decay rules, the buffer layout with its buckets and shards): for the factory's call,
-the name it constructs ``DistributedOptimizer`` by is this subclass, so the factory
-constructs SCAPE's optimizer with the very arguments it passes its own, whatever the
-megatron-core release, and sets on it whatever it sets afterwards. The subclass replaces the
-step. Megatron's per-shard fp32 main params and inner optimizer are not used: SCAPE's state
-is :class:`scape.megatron.state.ScapeState`.
+weight-decay rules, the buffer layout with its buckets and shards), untouched: the
+``DistributedOptimizer`` it returns is then re-classed to this subclass, as the bucket groups
+are (:mod:`scape.megatron.bucket_group`), so whatever a release's constructor sets up stays as
+it set it up and no module global of Megatron's is ever replaced. The subclass replaces the
+step. Megatron's inner optimizer is not used, and its per-shard fp32 main params become views
+of SCAPE's: SCAPE's state is :class:`scape.megatron.state.ScapeState`.
+
+Checkpoints, as Megatron's optimizers own them: :meth:`state_dict` / :meth:`load_state_dict`
+(this rank's state, for per-rank files: the pretrain stage's) and :meth:`sharded_state_dict`
+(for Megatron's distributed checkpointing: the rank's own moment as its shard of a (W*N,)
+tensor, the replicated second moment, fp32 params and masks saved once, the counters and
+the configuration as common state; :func:`scape.megatron.checkpoint.save_distributed`).
 
 One step, per rank, after backward has packed every bucket and its all-reduce has finished
 (:mod:`scape.megatron.bucket_group`):
@@ -29,9 +35,6 @@ params (``main``), so they hold no memory of their own and show what SCAPE steps
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.distributed as dist
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -41,6 +44,7 @@ from scape.megatron.bucket_group import promote_bucket_groups
 from scape.megatron.cpu_compat import outside_megatron
 from scape.megatron.dense import OptimizerSpec, megatron_optimizer_config, set_hyperparams
 from scape.megatron.layout import bucket_shards, single_buffer
+from scape.megatron.replicas import ReplicaDivergence
 from scape.megatron.state import ScapeState
 from scape.shard import decay_runs, runs_within
 from scape.step import Update, step_clip
@@ -48,10 +52,6 @@ from scape.step import Update, step_clip
 __all__ = ["ReplicaDivergence", "ScapeDistributedOptimizer", "build_scape_optimizer"]
 
 CHECKS = "consistency_checks"  # byte-counter kind of the checksum all-gather
-
-
-class ReplicaDivergence(RuntimeError):
-    """Data-parallel replicas no longer hold identical params or masks."""
 
 
 class ScapeDistributedOptimizer(DistributedOptimizer):
@@ -237,12 +237,43 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
                 f"step] = {everyone.tolist()}"
             )
 
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        raise NotImplementedError("SCAPE state is saved with scape.megatron.checkpoint")
+    def rank_state_dict(self) -> dict:
+        """This rank's state for per-rank checkpoint files (:meth:`state_dict`)."""
+        return self.state_dict()
 
-    def load_state_dict(self, state_dict):
-        raise NotImplementedError("SCAPE state is loaded with scape.megatron.checkpoint")
+    def load_rank_state_dict(self, state: dict) -> None:
+        self.load_state_dict(state)
+
+    def sent_bytes(self) -> dict[str, float]:
+        """Bytes this rank has sent since it was built, by kind of traffic (its collectives'
+        own counters)."""
+        return self.scape.comm.counter.snapshot()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """This rank's SCAPE state (:func:`scape.megatron.checkpoint.scape_state_dict`)."""
+        from scape.megatron.checkpoint import scape_state_dict
+
+        return scape_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict`'s output, or the tensors Megatron's distributed
+        checkpointing loaded into :meth:`sharded_state_dict` (validated: another world size,
+        configuration or layout fails with a one-line :class:`CheckpointMismatch`)."""
+        from scape.megatron.checkpoint import load_scape_state_dict, load_sharded
+
+        if "format" in state_dict:
+            load_scape_state_dict(self, state_dict)
+        else:
+            load_sharded(self, state_dict)
+
+    def sharded_state_dict(self, model_sharded_state_dict=None, is_loading: bool = False,
+                           **kwargs) -> dict:  # fmt: skip
+        """SCAPE's state for Megatron's distributed checkpointing (see the module docstring);
+        with ``is_loading`` the same keys over tensors to load into."""
+        from scape.megatron.checkpoint import sharded_state
+
+        return sharded_state(self, is_loading=is_loading)
 
 
 def build_scape_optimizer(
@@ -264,33 +295,15 @@ def build_scape_optimizer(
     """
     from megatron.core.optimizer import get_megatron_optimizer
 
-    with _factory_constructs(ScapeDistributedOptimizer):
-        chained = get_megatron_optimizer(megatron_optimizer_config(spec, bf16=bf16), [ddp])
+    chained = get_megatron_optimizer(megatron_optimizer_config(spec, bf16=bf16), [ddp])
     (opt,) = chained.chained_optimizers
-    if type(opt) is not ScapeDistributedOptimizer:
+    if type(opt) is not DistributedOptimizer:
         raise TypeError(
-            f"megatron-core's get_megatron_optimizer built {type(opt).__name__}, not SCAPE's "
-            "DistributedOptimizer subclass: this release constructs its optimizer another way; "
-            "see scape/megatron/versions.py for the tested versions"
+            f"megatron-core's get_megatron_optimizer built {type(opt).__name__}, not its "
+            "DistributedOptimizer: SCAPE needs the distributed optimizer (ZeRO-1 layout); see "
+            "scape/megatron/versions.py for the tested versions"
         )
+    opt.__class__ = ScapeDistributedOptimizer  # adds SCAPE's step and state, keeps Megatron's
     opt.init_scape(ddp, config, check_every, implementation)
     set_hyperparams(opt, lr=spec.lr, weight_decay=spec.weight_decay)
     return opt
-
-
-@contextmanager
-def _factory_constructs(cls: type[DistributedOptimizer]) -> Iterator[None]:
-    """While inside, Megatron's optimizer factory constructs ``cls`` where it would construct
-    ``DistributedOptimizer`` (it does so by its module-level name in 0.16 and 0.19 alike)."""
-    import megatron.core.optimizer as factory
-
-    if factory.DistributedOptimizer is not DistributedOptimizer:
-        raise RuntimeError(
-            f"megatron.core.optimizer.DistributedOptimizer is {factory.DistributedOptimizer!r}, "
-            "not megatron's class: another optimizer build is in progress or patched it"
-        )
-    factory.DistributedOptimizer = cls
-    try:
-        yield
-    finally:
-        factory.DistributedOptimizer = DistributedOptimizer

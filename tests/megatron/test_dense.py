@@ -259,6 +259,7 @@ def test_compat_layer_active_idempotent_and_scoped_to_megatron(results):
                 "torch.cuda.current_device": ("failed", "int"),
                 "torch.cuda.current_stream": ("failed", "_InertStream"),
                 "torch.cuda.get_rng_state": ("failed", "tensor on cpu"),
+                "torch.cuda.synchronize": ("failed", "NoneType"),
                 f"{MCORE_RANDOM}._get_cuda_rng_state": ("failed", "tensor on cpu"),
                 f"{MCORE_RANDOM}._set_cuda_rng_state": ("queued a CUDA call", "NoneType"),
             },

@@ -120,7 +120,7 @@ def _train(
     the next forward, as in production; then only the final params are digested.
     ``save_at=(step, dir)`` saves a SCAPE checkpoint after that many steps. ``bf16``: bf16
     model params (fp32 main params), as on GPUs."""
-    from scape.megatron.checkpoint import save_scape_checkpoint
+    from scape.megatron.checkpoint import save_distributed, save_scape_checkpoint
     from scape.megatron.dense import init_megatron
     from scape.megatron.models import SHAPES
     from scape.megatron.train import sync_params, train_step
@@ -142,7 +142,8 @@ def _train(
             sync_params(ddp)
             out["digests"].append(_digest(model.parameters()))
         if save_at is not None and step + 1 == save_at[0]:
-            save_scape_checkpoint(save_at[1], opt)
+            save_scape_checkpoint(save_at[1], opt)  # the pretrain stage's per-rank files
+            save_distributed(f"{save_at[1]}/megatron", opt)  # Megatron's own checkpointing
         if scape is None:
             continue
         used = opt.scape.last_used_masks or []
@@ -317,6 +318,20 @@ def _resume(rank, world_size, ckpt_dir):
         sync_params(ddp)
         digests.append(_digest(model.parameters()))
     out["losses"], out["digests"] = losses, digests
+    # The same resume through Megatron's distributed checkpointing (sharded_state_dict).
+    from scape.megatron.checkpoint import load_distributed
+
+    model, ddp, opt = _build("tiny-llama", _llama_cfg(), _spec(), overlap=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    out["megatron_step"] = load_distributed(f"{ckpt_dir}/megatron", opt)
+    losses, digests = [], []
+    for step in range(10, STEPS):
+        losses.append(train_step(ddp, opt, _split(data[rank][step % 4])).loss)
+        sync_params(ddp)
+        digests.append(_digest(model.parameters()))
+    out["megatron_losses"], out["megatron_digests"] = losses, digests
     return out
 
 
@@ -332,6 +347,13 @@ def _four_rank_suite(rank, world_size, ckpt_dir):
         out["load_2rank_ckpt"] = "accepted"
     except (CheckpointMismatch, FileNotFoundError) as err:
         out["load_2rank_ckpt"] = f"{type(err).__name__}: {err}"
+    from scape.megatron.checkpoint import load_distributed
+
+    try:
+        load_distributed(f"{ckpt_dir}/megatron", opt)
+        out["load_2rank_megatron"] = "accepted"
+    except CheckpointMismatch as err:
+        out["load_2rank_megatron"] = str(err)
     return out
 
 
@@ -510,6 +532,21 @@ def test_checkpoint_resume_in_fresh_processes_is_bit_identical(two, resumed):
         assert r_resumed["step"] == 10
         assert r_resumed["losses"] == r_first["llama"]["losses"][10:]
         assert r_resumed["digests"] == r_first["llama"]["digests"][10:]
+
+
+def test_megatrons_distributed_checkpointing_resumes_scape_bit_identically(two, resumed):
+    """sharded_state_dict through megatron.core.dist_checkpointing: the same 10 steps."""
+    for r_first, r_resumed in zip(two, resumed, strict=True):
+        assert r_resumed["megatron_step"] == 10
+        assert r_resumed["megatron_losses"] == r_first["llama"]["losses"][10:]
+        assert r_resumed["megatron_digests"] == r_first["llama"]["digests"][10:]
+
+
+def test_megatrons_checkpoint_refuses_another_world_size_in_one_line(four):
+    for r in four:
+        message = r["load_2rank_megatron"]
+        assert "saved with 2 data-parallel ranks, this run has 4" in message
+        assert "\n" not in message
 
 
 def test_checkpoint_refuses_other_sparsity_and_world_size(resumed, four):
