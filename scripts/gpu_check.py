@@ -131,12 +131,7 @@ def kernel_microbench(*, total_params: int, world_size: int, bucket_size: int, s
     shard = bucket // world_size
     numel = n_buckets * bucket
     timer = Timer(device, repeats)
-    gen = torch.Generator(device=device).manual_seed(0)
-    moment = torch.randn(numel, device=device, generator=gen).mul_(0.01)
-    grad = torch.randn(numel, device=device, generator=gen)
-    param = torch.randn(numel, device=device, generator=gen)
-    second = torch.rand(numel, device=device, generator=gen).mul_(1e-4)
-    param_out = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    moment, grad, param, second, param_out = step_state(numel, device)
     out = {"implementation": implementation, "total_params": total_params,
            "world_size": world_size, "bucket_elems": bucket, "buckets": n_buckets,
            "shard_elems": shard, "entries": numel, "per_rank_owned_elems": n_buckets * shard}  # fmt: skip
@@ -161,6 +156,17 @@ def kernel_microbench(*, total_params: int, world_size: int, bucket_size: int, s
             if implementation != "blocked" else None
         )  # fmt: skip
     return out
+
+
+def step_state(numel: int, device) -> tuple[torch.Tensor, ...]:
+    """A rank's step state over ``numel`` entries, seeded: moment, grad, fp32 params, second
+    moment and the bf16 params."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    moment = torch.randn(numel, device=device, generator=gen).mul_(0.01)
+    grad = torch.randn(numel, device=device, generator=gen)
+    param = torch.randn(numel, device=device, generator=gen)
+    second = torch.rand(numel, device=device, generator=gen).mul_(1e-4)
+    return moment, grad, param, second, torch.empty(numel, dtype=torch.bfloat16, device=device)
 
 
 def _copy_pass(timer, x) -> float:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import Timer, _copy_pass, environment  # noqa: E402
+from gpu_check import Timer, _copy_pass, environment, step_state  # noqa: E402
 
 from scape import fused  # noqa: E402
 from scape.config import ScapeConfig  # noqa: E402
@@ -56,16 +56,24 @@ def _best(results: dict) -> str | None:
     return min(timed, key=timed.get) if timed else None
 
 
+def _sweep_select(timer, fn) -> dict:
+    """``fn`` (a select) timed under every select method and top-k configuration."""
+    timings = {}
+    for method, precision, rows, warps in SELECT_METHODS:
+        fused.TUNING["select"] = {"method": method, "precision": precision or "ieee"}
+        fused.TUNING["topk"] = {"ROWS": rows, "num_warps": warps}
+        name = method + (f",{precision}" if precision else f",ROWS={rows}") + f",num_warps={warps}"
+        timings[name] = _attempt(lambda: timer(fn))
+    fused.TUNING["select"] = {"method": "gemm", "precision": "ieee"}
+    fused.TUNING["topk"] = {"ROWS": 16, "num_warps": 4}
+    return timings
+
+
 def tune(*, buckets: int, bucket: int, world_size: int, repeats: int, device) -> dict:
     timer = Timer(device, repeats)
     shard = bucket // world_size
     numel = buckets * bucket
-    gen = torch.Generator(device=device).manual_seed(0)
-    moment = torch.randn(numel, device=device, generator=gen).mul_(0.01)
-    grad = torch.randn(numel, device=device, generator=gen)
-    param = torch.randn(numel, device=device, generator=gen)
-    second = torch.rand(numel, device=device, generator=gen).mul_(1e-4)
-    param_out = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    moment, grad, param, second, param_out = step_state(numel, device)
     out = {"buckets": buckets, "bucket_elems": bucket, "world_size": world_size,
            "floor_copy_pass_s": _copy_pass(timer, moment)}  # fmt: skip
     spans = [slice(b * bucket, (b + 1) * bucket) for b in range(buckets)]
@@ -103,35 +111,16 @@ def tune(*, buckets: int, bucket: int, world_size: int, repeats: int, device) ->
                 timings[f"ROWS={rows},num_warps={warps}"] = _attempt(lambda fn=fn: timer(fn))
             fused.TUNING[part] = {"ROWS": 16, "num_warps": 4}
             row[part] = {"timings_s": timings, "best": _best(timings)}
-        timings = {}
-        for method, precision, rows, warps in SELECT_METHODS:
-            fused.TUNING["select"] = {"method": method, "precision": precision or "ieee"}
-            fused.TUNING["topk"] = {"ROWS": rows, "num_warps": warps}
-            name = (
-                f"{method}"
-                + (f",{precision}" if precision else f",ROWS={rows}")
-                + f",num_warps={warps}"
-            )
-            timings[name] = _attempt(lambda: timer(select_all))
+        timings = _sweep_select(timer, select_all)
         row["select"] = {"timings_s": timings, "best": _best(timings)}
         # the select at W=1: one whole bucket owned (a model's every entry, bucket by bucket)
         whole = make_bucket_step("fused", Geometry(bucket, 1, cfg.chunk, cfg.k), 0, cfg, device,
                                  [(0, bucket)], 1e-8)  # fmt: skip
         whole_out = torch.empty(whole.num_selected, dtype=torch.uint8, device=device)
-        timings = {}
-        for method, precision, rows, warps in SELECT_METHODS:
-            fused.TUNING["select"] = {"method": method, "precision": precision or "ieee"}
-            fused.TUNING["topk"] = {"ROWS": rows, "num_warps": warps}
-            name = (
-                f"{method}"
-                + (f",{precision}" if precision else f",ROWS={rows}")
-                + f",num_warps={warps}"
-            )
-            timings[name] = _attempt(lambda whole=whole, whole_out=whole_out: timer(
-                lambda: whole._select(moment[spans[0]], None, whole_out)))  # fmt: skip
+        timings = _sweep_select(
+            timer, lambda whole=whole, out=whole_out: whole._select(moment[spans[0]], None, out)
+        )
         row["select_one_bucket_at_w1"] = {"timings_s": timings, "best": _best(timings)}
-        fused.TUNING["select"] = {"method": "gemm", "precision": "ieee"}
-        fused.TUNING["topk"] = {"ROWS": 16, "num_warps": 4}
         out[f"sparsity_{sparsity}"] = row
     owned = buckets * shard
     p, m, g = param[:owned], moment[:owned], grad[:owned]

@@ -126,6 +126,13 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype
 
 
+def _check_config(saved: dict, now: dict) -> None:
+    """Every ScapeConfig field that changes the numbers the same (transport may differ)."""
+    diff = {k: (saved.get(k), v) for k, v in now.items()
+            if saved.get(k) != v and k not in TRANSPORT_ONLY}  # fmt: skip
+    _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
+
+
 def _validate(state: dict, opt) -> None:
     st = opt.scape
     _check(state.get("format") == FORMAT, f"format {state.get('format')!r}, expected {FORMAT!r}")
@@ -140,12 +147,7 @@ def _validate(state: dict, opt) -> None:
         f"{saved_cfg.get('k')} of every {saved_cfg.get('chunk')} coefficients saved, this run "
         f"sends {cfg['k']} of every {cfg['chunk']} (sparsity {st.config.sparsity:.4g})",
     )
-    diff = {
-        k: (saved_cfg.get(k), v)
-        for k, v in cfg.items()
-        if saved_cfg.get(k) != v and k not in TRANSPORT_ONLY
-    }
-    _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
+    _check_config(saved_cfg, cfg)
     _check(
         state["layout"] == _layout(opt),
         f"buffer layout {state['layout']} saved, this run has {_layout(opt)}",
@@ -262,9 +264,7 @@ def load_sharded(opt, state: dict) -> None:
     _check(saved["world_size"] == now["world_size"],
            f"saved with {saved['world_size']} data-parallel ranks, this run has "
            f"{now['world_size']}; SCAPE's per-rank moments do not reshard")  # fmt: skip
-    diff = {k: (saved["config"].get(k), v) for k, v in now["config"].items()
-            if saved["config"].get(k) != v and k not in TRANSPORT_ONLY}  # fmt: skip
-    _check(not diff, f"ScapeConfig fields differ (saved, now): {diff}")
+    _check_config(saved["config"], now["config"])
     _check(saved["layout"] == now["layout"],
            f"buffer layout {saved['layout']} saved, this run has {now['layout']}")  # fmt: skip
     with torch.no_grad():

@@ -294,7 +294,6 @@ def _resume(rank, world_size, ckpt_dir):
     from scape.megatron.checkpoint import CheckpointMismatch, load_scape_checkpoint
     from scape.megatron.dense import init_megatron
     from scape.megatron.models import SHAPES
-    from scape.megatron.train import sync_params, train_step
 
     init_megatron(0)
     out = {}
@@ -306,33 +305,33 @@ def _resume(rank, world_size, ckpt_dir):
         out["mismatch"] = "accepted"
     except CheckpointMismatch as err:
         out["mismatch"] = str(err)
+    data = _data(SHAPES["tiny-llama"], world_size)
+    out["step"], out["losses"], out["digests"] = _resume_from(load_scape_checkpoint, ckpt_dir,
+                                                              rank, data)  # fmt: skip
+    # The same resume through Megatron's distributed checkpointing (sharded_state_dict).
+    from scape.megatron.checkpoint import load_distributed
+
+    out["megatron_step"], out["megatron_losses"], out["megatron_digests"] = _resume_from(
+        load_distributed, f"{ckpt_dir}/megatron", rank, data
+    )
+    return out
+
+
+def _resume_from(load, ckpt, rank, data):
+    """A fresh, perturbed Llama, ``load(ckpt, opt)``, then steps 10-20: (step, losses, digests)."""
+    from scape.megatron.train import sync_params, train_step
+
     model, ddp, opt = _build("tiny-llama", _llama_cfg(), _spec(), overlap=True)
     with torch.no_grad():  # perturb the fresh model: everything must come from the checkpoint
         for p in model.parameters():
             p.add_(1.0)
-    out["step"] = load_scape_checkpoint(ckpt_dir, opt)
-    data = _data(SHAPES["tiny-llama"], world_size)
+    step = load(ckpt, opt)
     losses, digests = [], []
-    for step in range(10, STEPS):
-        losses.append(train_step(ddp, opt, _split(data[rank][step % 4])).loss)
+    for s in range(10, STEPS):
+        losses.append(train_step(ddp, opt, _split(data[rank][s % 4])).loss)
         sync_params(ddp)
         digests.append(_digest(model.parameters()))
-    out["losses"], out["digests"] = losses, digests
-    # The same resume through Megatron's distributed checkpointing (sharded_state_dict).
-    from scape.megatron.checkpoint import load_distributed
-
-    model, ddp, opt = _build("tiny-llama", _llama_cfg(), _spec(), overlap=True)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    out["megatron_step"] = load_distributed(f"{ckpt_dir}/megatron", opt)
-    losses, digests = [], []
-    for step in range(10, STEPS):
-        losses.append(train_step(ddp, opt, _split(data[rank][step % 4])).loss)
-        sync_params(ddp)
-        digests.append(_digest(model.parameters()))
-    out["megatron_losses"], out["megatron_digests"] = losses, digests
-    return out
+    return step, losses, digests
 
 
 def _four_rank_suite(rank, world_size, ckpt_dir):
