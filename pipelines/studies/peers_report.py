@@ -4,7 +4,7 @@ and the curves behind it, written from finished pretrain runs.
 - ``frontier.json``: per method, the lr chosen over the seeds
   (:func:`pipelines.studies.protocol.choose_lr`; "grid open" where the best lr is at the grid's
   edge), the final validation loss, the gap to dense AdamS paired by seed, the bytes per rank
-  per step measured (run mean) and by formula at the run's shape and projected to the paper's
+  per step counted at the collectives (run mean) and by formula at the run's shape and projected to the paper's
   shapes (:mod:`pipelines.studies.peers_bytes`); the setting, the unigram level of the
   training split, and the code version and commits the runs came from. Every figure of
   ``frontier.md``, ``frontier.png`` and the README block is read from it.
@@ -313,7 +313,7 @@ def frontier_table(doc: dict[str, Any]) -> str:
     shapes = [p["name"] for p in doc["setting"]["paper_shapes"]]
     world = doc["setting"]["paper_shapes"][0]["world_size"] if shapes else 0
     head = ("| method | lr (x base) | final val loss (mean ± sd, n) | gap to AdamS (mean ± sd; min to max) "
-            "| bytes/rank/step, measured | " + " | ".join(f"{s} at {world} ranks" for s in shapes) + " |")  # fmt: skip
+            "| bytes/rank/step, counted | " + " | ".join(f"{s} at {world} ranks" for s in shapes) + " |")  # fmt: skip
     lines = [head, "|" + "---|" * (5 + len(shapes))]
     for m in doc["methods"]:
         f, g, b = m["final"], m["gap_pct"], m["bytes"]
@@ -383,7 +383,9 @@ def frontier_caption(doc: dict[str, Any]) -> str:
         f"still is). Gap: per seed against dense AdamS at its own chosen lr, then mean ± sd and "
         f"min to max over the seeds. Unigram level (entropy of the training split's token "
         f"frequencies, {u['tokens']:,} tokens): {u['nats']:.3f} nats/token.{below} Bytes per "
-        f"rank per step: measured, the mean over the run (warm-up phases included); projected, "
+        f"rank per step: counted, the mean over the run (warm-up phases included) of what each "
+        f"method's collectives were handed (their tensors' sizes, ring accounting, booked by the "
+        f"run's own counters at each call; not a capture of the wire); projected, "
         f"the steady-state formula of each method (pipelines/studies/peers_bytes.py, fp32 "
         f"values) at {shapes} on {world} ranks. Runs of code version `{code['version']}`; "
         f"commits {commits}.{left_out} {_status(doc)}"
@@ -398,7 +400,7 @@ def frontier_block(doc: dict[str, Any]) -> str:
 
 def plot_frontier(doc: dict[str, Any], path: Path) -> None:
     """Two panels: the gap to dense AdamS (mean, min-max bar over seeds) against bytes per rank
-    per step measured here, and against the bytes projected to the paper's shapes."""
+    per step counted here, and against the bytes projected to the paper's shapes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -436,7 +438,7 @@ def plot_frontier(doc: dict[str, Any], path: Path) -> None:
             ax.text(ax.get_xlim()[0] if ax.has_data() else 1, level,
                     f" unigram level ({u['nats']:.2f} nats)", va="bottom", fontsize=8, color="gray")  # fmt: skip
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_xlabel(f"bytes per rank per step, measured ({s['model']}, {s['ranks']} ranks; log)")
+    axes[0].set_xlabel(f"bytes per rank per step, counted ({s['model']}, {s['ranks']} ranks; log)")
     axes[0].set_ylabel("final val loss vs dense AdamS (%, mean and min-max over seeds)")
     axes[0].set_title(f"{s['steps']} steps, each method at its chosen lr")
     if axes[0].get_legend_handles_labels()[0]:
@@ -484,6 +486,29 @@ def report(
         update_block(readme, frontier_block(doc), BLOCK)
     _curves(runs, doc, out_dir, cluster_jsons, command)
     return doc
+
+
+def rewrite_frontier(out_dir: Path, readme: Path | None = None) -> dict[str, Any]:
+    """frontier.md, frontier.png and the README's block again from the committed
+    ``frontier.json`` alone (a wording or plotting change needs no run)."""
+    doc = json.loads((out_dir / "frontier.json").read_text(encoding="utf-8"))
+    (out_dir / "frontier.md").write_text(
+        f"{frontier_table(doc)}\n\n{frontier_caption(doc)}\n", encoding="utf-8"
+    )
+    plot_frontier(doc, out_dir / "frontier.png")
+    if readme is not None:
+        from pipelines.studies.report_prose import update_block
+
+        update_block(readme, frontier_block(doc), BLOCK)
+    return doc
+
+
+if __name__ == "__main__":  # python -m pipelines.studies.peers_report results/peers
+    import sys
+
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "results/peers")
+    rewrite_frontier(folder, folder / "README.md")
+    print(f"rewrote {folder}/frontier.md, frontier.png and README.md's block from frontier.json")
 
 
 def _curves(

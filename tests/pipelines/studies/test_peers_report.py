@@ -202,3 +202,22 @@ def test_report_fills_the_readme_block_only_once_there_is_a_result(tmp_path):
     assert {p.name for p in (tmp_path / "out2").iterdir()} >= {
         "frontier.json", "frontier.md", "frontier.png", "peers.md", "loss_vs_bytes.png"
     }  # fmt: skip
+
+
+def test_the_frontier_rewrites_from_its_json_alone(tmp_path):
+    """A wording change needs no run: frontier.md and the README block come back from the
+    committed frontier.json, the bytes labelled as counted at the collectives."""
+    import shutil
+    from pathlib import Path
+
+    from pipelines.studies.peers_report import rewrite_frontier
+
+    committed = Path(__file__).resolve().parents[3] / "results" / "peers"
+    shutil.copy(committed / "frontier.json", tmp_path / "frontier.json")
+    readme = tmp_path / "README.md"
+    readme.write_text("# P\n<!-- frontier:begin -->\nold\n<!-- frontier:end -->\n")
+    rewrite_frontier(tmp_path, readme)
+    table = (tmp_path / "frontier.md").read_text()
+    assert "bytes/rank/step, counted" in table and "not a capture of the wire" in table
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+    assert "bytes/rank/step, counted" in readme.read_text()
