@@ -25,7 +25,9 @@ from pipelines.studies.report_figures import plot_curves, plot_gap_vs_steps
 from pipelines.studies.report_prose import (
     divergence_summary,
     finalists_text,
+    length_text,
     scale_text,
+    train_tokens,
     update_block,
     verdict_text,
 )
@@ -53,6 +55,7 @@ def write_report(
     overview: list[ReadingRow] | None = None,
     verdict_readmes: tuple[Path, ...] = (),
     paper_sizes: dict[str, int] | None = None,
+    data_dir: str | Path | None = None,
 ) -> RunIndex:
     """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``; the
     verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` and of each
@@ -123,6 +126,8 @@ def write_report(
     update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),
                  "finalists")  # fmt: skip
     update_block(out_dir / "README.md", scale, "scale")
+    update_block(out_dir / "README.md",
+                 length_text(index, labels, verdict_models, train_tokens(data_dir)), "length")  # fmt: skip
     write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]

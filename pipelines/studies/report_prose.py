@@ -5,6 +5,7 @@ blocks they are written into.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -260,3 +261,52 @@ def update_block(path: Path, text: str, name: str = "verdict") -> bool:
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
     return True
+
+
+def train_tokens(data_dir: str | Path | None) -> int | None:
+    """Tokens of the prepared corpus's training split (its metadata.json), None if unknown."""
+    path = Path(data_dir or "") / "metadata.json"
+    if not data_dir or not path.is_file():
+        return None
+    return int(json.loads(path.read_text(encoding="utf-8"))["splits"]["train"]["tokens"])
+
+
+def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
+                tokens: int | None) -> str:  # fmt: skip
+    """The gap with training length: per model and SCAPE finalist (and dense AdamW), the paired
+    gap to dense AdamS at every horizon run, each method at the lr chosen at that horizon
+    ("grid open" where its grid is not closed there: the longest horizons ran one lr), with
+    how many passes over the training split each horizon is."""
+    horizons = sorted({k.steps for k in index.runs if k.model in models})
+    rows = []
+    for model in models:
+        for variant in (ADAMW, *(v for _, v, _ in VERDICT_METHODS)):
+            cells = []
+            for steps in horizons:
+                cell = gap_cell(index, model, variant, steps)
+                cells.append("-" if not cell.gaps else _fmt_gap(cell.gaps)
+                             + ("" if cell.closed else " (grid open)"))  # fmt: skip
+            if any(c != "-" for c in cells):
+                rows.append(
+                    f"| {model} | {labels.get(variant, variant)} | " + " | ".join(cells) + " |"
+                )
+    if not rows:
+        return "No finalist has run on these models at this code version."
+    per_step = {}
+    for key, run in index.runs.items():
+        scale = (run.header.get("settings") or {}).get("scale") or {}
+        if all(k in scale for k in ("world_size", "batch_per_worker", "seq_length")):
+            per_step.setdefault(key.steps, scale["world_size"] * scale["batch_per_worker"]
+                                * scale["seq_length"])  # fmt: skip
+    head = [f"{h:,} steps" + (f" ({h * per_step[h] / tokens:.1f} epochs)"
+                              if tokens and h in per_step else "") for h in horizons]  # fmt: skip
+    corpus = f"the {tokens:,}-token training split" if tokens else "the training split"
+    return "\n".join([
+        f"Paired gap to dense AdamS by training length, each method at the lr chosen at that "
+        f"horizon (epochs: passes over {corpus}; the horizons past the ones the lr grids were "
+        "closed at ran each method at its closed 3,000-step lr only, so their cells say "
+        "\"grid open\"). The longest horizon is several epochs of a small corpus: a gap there "
+        "mixes SCAPE's delay with how each method behaves on data it has seen, which a "
+        "larger corpus (the GPU-scale runs) would separate.", "",
+        "| model | method | " + " | ".join(head) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in head) + " |", *rows])  # fmt: skip

@@ -482,3 +482,26 @@ def test_the_verdict_states_the_gap_to_adamw_beside_adamss():
     # 4.1 against AdamS's 4.0: +2.5%; against AdamW's 3.9: +5.1%, behind it in every seed
     assert "+2.5 ± 0.0% (n=2) on llama" in text
     assert "+5.1 ± 0.0% (n=2) against dense AdamW (behind it in every seed)" in text
+
+
+def test_the_length_table_gives_each_horizons_gap_and_its_epochs(tmp_path):
+    import json
+
+    from pipelines.studies.report_prose import length_text, train_tokens
+
+    runs = []
+    for steps in (100, 400):
+        runs += _grid("adams", "llama", {1.0: [4.0, 4.0]}, steps=steps)
+        runs += _grid("scape99", "llama", {1.0: [4.4, 4.4]}, steps=steps)
+    for run in runs:
+        run.header["settings"] = {"scale": {"world_size": 2, "batch_per_worker": 2,
+                                            "seq_length": 8}}  # fmt: skip
+    (tmp_path / "metadata.json").write_text(json.dumps({"splits": {"train": {"tokens": 3200}}}))
+    text = length_text(RunIndex(runs), {"scape99": "SCAPE-99"}, ["llama"], train_tokens(tmp_path))
+    # 32 tokens a step: 100 steps are 1.0 epoch of 3,200 tokens, 400 steps 4.0
+    assert "| model | method | 100 steps (1.0 epochs) | 400 steps (4.0 epochs) |" in text
+    assert (
+        "| llama | SCAPE-99 | +10.0 ± 0.0% (n=2) (grid open) | +10.0 ± 0.0% (n=2) (grid open) |"
+        in text
+    )
+    assert train_tokens(None) is None and train_tokens(tmp_path / "missing") is None
