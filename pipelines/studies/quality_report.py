@@ -24,6 +24,7 @@ from pipelines.studies.recipe import recipe, recipe_text, wire_choice
 from pipelines.studies.report_figures import plot_curves, plot_gap_vs_steps
 from pipelines.studies.report_prose import (
     divergence_summary,
+    early_gap_text,
     finalists_text,
     length_text,
     scale_text,
@@ -128,6 +129,7 @@ def write_report(
     update_block(out_dir / "README.md", scale, "scale")
     update_block(out_dir / "README.md",
                  length_text(index, labels, verdict_models, train_tokens(data_dir)), "length")  # fmt: skip
+    update_block(out_dir / "README.md", early_gap_text(index, labels, verdict_models), "early")
     write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]

@@ -27,7 +27,7 @@ from pipelines.studies.report_stats import (
     size_trend,
 )
 from pipelines.studies.report_tables import clip_table, gap_table, paired_table, size_table
-from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey
+from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey, RunLog
 
 __all__ = [
     "clipping",
@@ -310,3 +310,62 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
         "larger corpus (the GPU-scale runs) would separate.", "",
         "| model | method | " + " | ".join(head) + " |",
         "| --- | --- | " + " | ".join("---" for _ in head) + " |", *rows])  # fmt: skip
+
+
+# Issue 41's early-gap candidates: (variant, label of what changes); each is judged at
+# EARLY_STEPS against dense AdamS and against the constant SCAPE-99, within EARLY_BUDGET x
+# the constant SCAPE-99 run's bytes.
+EARLY_CANDIDATES = (("scape99_w7", "7 dense warm-up steps"),)
+EARLY_STEPS = 1500
+EARLY_BUDGET = 1.5
+
+
+def _dense_warmup(run: RunLog) -> int:
+    options = ((run.header.get("settings") or {}).get("variant") or {}).get("options") or {}
+    return int(options.get("dense_warmup_steps", 1))
+
+
+def _step_bytes(index: RunIndex, model: str, variant: str, steps: int) -> float | None:
+    """A sparse step's bytes per rank, as the variant's runs logged them after its warm-up."""
+    for key, run in index.runs.items():
+        if (key.model, key.variant, key.steps) == (model, variant, steps):
+            after = [s["bytes"] for s in run.steps
+                     if s.get("step", 0) > _dense_warmup(run) and "bytes" in s]  # fmt: skip
+            if after:
+                return float(after[0])
+    return None
+
+
+def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -> str:
+    """The early-gap search within a byte budget: each candidate at :data:`EARLY_STEPS`, its
+    whole run's bytes against a constant SCAPE-99 run's (warm-up steps at a dense step's
+    bytes, read off the dense AdamS run; the rest at the sparse step's, read off the run),
+    its gap to dense AdamS and to the constant SCAPE-99, each at its own chosen lr."""
+    steps, rows = EARLY_STEPS, []
+    for model in models:
+        dense = _step_bytes(index, model, REFERENCE, steps)
+        base = gap_cell(index, model, "scape99", steps)
+        for variant, what in EARLY_CANDIDATES:
+            cell = gap_cell(index, model, variant, steps)
+            if not cell.gaps:
+                continue
+            sparse = _step_bytes(index, model, variant, steps)
+            run = next(r for k, r in index.runs.items() if (k.model, k.variant) == (model, variant))
+            warm = _dense_warmup(run)
+            ratio = ("-" if dense is None or sparse is None else
+                     f"x{(warm * dense + (steps - warm) * sparse) / (dense + (steps - 1) * sparse):.2f}")  # fmt: skip
+            vs = gap_cell(index, model, variant, steps, reference="scape99")
+            rows.append(f"| {model} | {labels.get(variant, variant)} ({what}) | {ratio} | "
+                        f"{cell.lr:g}{'' if cell.closed else ' (grid open)'} | {_fmt_gap(cell.gaps)} | "
+                        f"{_fmt_gap(base.gaps)} | {_fmt_gap(vs.gaps)} |")  # fmt: skip
+    if not rows:
+        return (f"No early-gap candidate has run at {steps:,} steps at this code version "
+                "(`make quality-queue ARGS=\"'only=[early_gap_w7_1500]'\"`).")  # fmt: skip
+    return "\n".join([
+        f"Candidates for SCAPE-99's early gap at {steps:,} steps whose whole run sends at most "
+        f"{EARLY_BUDGET:g}x a constant SCAPE-99 run's bytes (its one dense step counted; a dense "
+        "step's bytes read off the dense AdamS run, a sparse step's off the candidate's), each at "
+        "the lr chosen over its seeds, gaps paired by seed:", "",
+        "| model | candidate | bytes vs constant SCAPE-99 | lr x | gap to dense AdamS | constant "
+        "SCAPE-99's gap | candidate vs constant SCAPE-99 |",
+        "| --- | --- | --- | --- | --- | --- | --- |", *rows])  # fmt: skip

@@ -505,3 +505,25 @@ def test_the_length_table_gives_each_horizons_gap_and_its_epochs(tmp_path):
         in text
     )
     assert train_tokens(None) is None and train_tokens(tmp_path / "missing") is None
+
+
+def test_the_early_gap_table_counts_every_runs_bytes_against_a_constant_scape99():
+    from pipelines.studies.report_prose import early_gap_text
+
+    runs = []
+    runs += _grid("adams", "llama", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]}, steps=1500)
+    runs += _grid("scape99", "llama", {0.5: [4.5, 4.5], 1.0: [4.4, 4.4], 2.0: [4.6, 4.6]},
+                  steps=1500)  # fmt: skip
+    runs += _grid("scape99_w7", "llama", {0.5: [4.4, 4.4], 1.0: [4.3, 4.3], 2.0: [4.5, 4.5]},
+                  steps=1500)  # fmt: skip
+    for run in runs:  # a dense step sends 100 units, a sparse one 1 (the logged bytes)
+        variant = run.header["variant"]
+        warm = 7 if variant == "scape99_w7" else 1
+        run.header["settings"] = {"variant": {"options": {"dense_warmup_steps": warm}}}
+        run.steps[0]["step"] = 10
+        run.steps[0]["bytes"] = 100.0 if variant == "adams" else 1.0
+    assert "No early-gap candidate" in early_gap_text(RunIndex(runs[:6]), {}, ["llama"])
+    text = early_gap_text(RunIndex(runs), {"scape99_w7": "W7"}, ["llama"])
+    # (7 x 100 + 1,493) / (100 + 1,499) = 1.37; 4.3 vs AdamS's 4.0: +7.5%; vs SCAPE-99's 4.4: -2.3%
+    assert "| llama | W7 (7 dense warm-up steps) | x1.37 | 1 | +7.5 ± 0.0% (n=2) |" in text
+    assert "| +10.0 ± 0.0% (n=2) | -2.3 ± 0.0% (n=2) |" in text
