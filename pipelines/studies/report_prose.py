@@ -312,10 +312,10 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
         "| --- | --- | " + " | ".join("---" for _ in head) + " |", *rows])  # fmt: skip
 
 
-# Issue 41's early-gap candidates: (variant, label of what changes); each is judged at
+# Issue 41's early-gap candidates (variants of the quality study); each is judged at
 # EARLY_STEPS against dense AdamS and against the constant SCAPE-99, within EARLY_BUDGET x
 # the constant SCAPE-99 run's bytes.
-EARLY_CANDIDATES = (("scape99_w7", "7 dense warm-up steps"),)
+EARLY_CANDIDATES = ("scape99_w7",)
 EARLY_STEPS = 1500
 EARLY_BUDGET = 1.5
 
@@ -345,7 +345,7 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
     for model in models:
         dense = _step_bytes(index, model, REFERENCE, steps)
         base = gap_cell(index, model, "scape99", steps)
-        for variant, what in EARLY_CANDIDATES:
+        for variant in EARLY_CANDIDATES:
             cell = gap_cell(index, model, variant, steps)
             if not cell.gaps:
                 continue
@@ -355,7 +355,7 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
             ratio = ("-" if dense is None or sparse is None else
                      f"x{(warm * dense + (steps - warm) * sparse) / (dense + (steps - 1) * sparse):.2f}")  # fmt: skip
             vs = gap_cell(index, model, variant, steps, reference="scape99")
-            rows.append(f"| {model} | {labels.get(variant, variant)} ({what}) | {ratio} | "
+            rows.append(f"| {model} | {labels.get(variant, variant)} | {ratio} | "
                         f"{cell.lr:g}{'' if cell.closed else ' (grid open)'} | {_fmt_gap(cell.gaps)} | "
                         f"{_fmt_gap(base.gaps)} | {_fmt_gap(vs.gaps)} |")  # fmt: skip
     if not rows:
