@@ -1,4 +1,6 @@
-"""Packing at mask positions, and the collectives SCAPE issues, each counting its bytes.
+"""The collectives SCAPE issues over a process group, each counting the bytes it sends.
+
+(What goes into them, the values at the masks, is packed by :mod:`scape.step`.)
 
 Byte accounting is per rank and per collective, for ring algorithms: a reduce-scatter
 whose input is T bytes, or an all-gather whose output is T bytes, makes each rank send
@@ -136,11 +138,3 @@ class SparseCommunicator:
     ) -> tuple[Tensor, dist.Work | None]:
         """All-gather encoded mask bytes (uint8); asynchronous by default (it hides behind compute)."""
         return self.all_gather(payload, kind=MASKS, async_op=async_op, out=out)
-
-    def all_reduce_sum(self, tensor: Tensor, *, kind: str = SCALARS) -> Tensor:
-        """In-place sum (e.g. the squared-norm scalar for clipping); counted as 2(W-1)/W * T."""
-        self.counter.add(
-            kind, 2 * ring_bytes_per_rank(tensor.numel() * tensor.element_size(), self.world_size)
-        )
-        dist.all_reduce(tensor, group=self.group)
-        return tensor

@@ -32,7 +32,6 @@ from scape.step import Geometry, Update, make_bucket_step, resolve_implementatio
 
 __all__ = [
     "METHODS",
-    "OptimizerHParams",
     "clip_coefficient",
     "Simulator",
     "StepResult",
@@ -46,22 +45,6 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 def default_decay_filter(name: str, param: Tensor) -> bool:
     """Decay matrices, not biases, norms or other vectors (GPT-2 / Megatron convention)."""
     return param.ndim >= 2
-
-
-def OptimizerHParams(  # named as the class it was: the simulator's AdamHParams constructor
-    lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    weight_decay: float = 0.1,
-    max_grad_norm: float | None = None,
-) -> AdamHParams:
-    """:class:`scape.adams.AdamHParams` (the one definition of these fields) in the
-    simulator's terms: betas as a pair, ``max_grad_norm`` None for no clipping (``clip_grad``
-    0), and a constant lr (``step`` takes the schedule's lr per step, so min_lr is unused)."""
-    return AdamHParams(
-        lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay,
-        clip_grad=max_grad_norm or 0.0,
-    )  # fmt: skip
 
 
 @dataclass
@@ -94,7 +77,8 @@ class Simulator:
             raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        hparams = hparams if hparams is not None else OptimizerHParams()
+        # no hparams: lr 1e-3, no clipping (the simulator's own defaults, not a recipe)
+        hparams = hparams if hparams is not None else AdamHParams(lr=1e-3, clip_grad=0.0)
         self.model, self.world_size, self.method, self.hp = model, world_size, method, hparams
         self.scape = scape if scape is not None else ScapeConfig()
         self.step_count = 0

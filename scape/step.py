@@ -55,6 +55,7 @@ from scape.shard import (
 __all__ = [
     "IMPLEMENTATIONS",
     "BucketStep",
+    "Scratch",
     "Geometry",
     "Update",
     "make_bucket_step",
@@ -168,6 +169,20 @@ def step_clip(
     return norm, (max_norm / (norm + 1.0e-6)).clamp(max=1.0).float().reshape(1)
 
 
+class Scratch:
+    """One temporary buffer that every bucket of a rank borrows in turn (the buckets are
+    stepped one after another): sized once, to the largest request."""
+
+    def __init__(self) -> None:
+        self._buffer: Tensor | None = None
+
+    def get(self, numel: int, device: torch.device) -> Tensor:
+        """A (numel,) fp32 view, valid until the next call."""
+        if self._buffer is None or self._buffer.numel() < numel or self._buffer.device != device:
+            self._buffer = torch.empty(numel, device=device)
+        return self._buffer[:numel]
+
+
 class BucketStep:
     """One rank's step over one bucket (see the module docstring); built once, reused.
 
@@ -189,8 +204,10 @@ class BucketStep:
         device: torch.device | str,
         decay_runs: list[tuple[int, int]],
         eps: float,
+        scratch: Scratch | None = None,
     ) -> None:
         self.geo, self.rank, self.config = geometry, rank, config
+        self.scratch = scratch if scratch is not None else Scratch()  # shared by a rank's buckets
         self.device = torch.device(device)
         self.decay_runs = decay_runs  # [start, end) of entries weight decay applies to
         self.eps = eps  # the rms update's denominator term (the optimizer's eps)
@@ -316,7 +333,6 @@ class FusedBucketStep(BucketStep):
         self._sent = torch.empty(
             self.geo.world_size * self.num_selected, dtype=self.wire_dtype, device=self.device
         )  # what this rank sent, read back by the commit: sized once
-        self._coefs: Tensor | None = None  # the select's (S,) DCT coefficients, sized once
         self._no_clip = torch.ones(1, device=self.device)
         self._selected_at_pack = False
 
@@ -341,12 +357,10 @@ class FusedBucketStep(BucketStep):
 
     def _select(self, moment: Tensor, grad: Tensor | None, out: Tensor) -> None:
         lo, hi = self.own_range()
-        if self._coefs is None:
-            self._coefs = torch.empty(hi - lo, device=self.device)
         with record_function("scape.select"):
             self._kernels.select(self.geo, moment[lo:hi], None if grad is None else grad[lo:hi],
                                  self._dct, out, beta=self.config.moment_beta,
-                                 scratch=self._coefs)  # fmt: skip
+                                 scratch=self.scratch.get(hi - lo, self.device))  # fmt: skip
 
     def pack(self, moment, grad, masks, payload, *, next_mask=None) -> None:
         dense = masks is None
@@ -398,7 +412,9 @@ def make_bucket_step(
     device: torch.device | str,
     decay_runs: list[tuple[int, int]],
     eps: float,
+    scratch: Scratch | None = None,
 ) -> BucketStep:
-    """The bucket's step in ``implementation`` (from :func:`resolve_implementation`)."""
+    """The bucket's step in ``implementation`` (from :func:`resolve_implementation`); the
+    buckets of one rank share one ``scratch``."""
     cls = {"blocked": BlockedBucketStep, "fused": FusedBucketStep}[implementation]
-    return cls(geometry, rank, config, device, decay_runs, eps)
+    return cls(geometry, rank, config, device, decay_runs, eps, scratch)

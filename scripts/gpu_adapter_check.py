@@ -158,13 +158,14 @@ def _method_run(method: str, shape: str, *, steps: int, warmup: int, batch: int,
 
 def _simulator_run(shape: str, *, steps: int, bucket_size: int, device: torch.device) -> dict:
     """SCAPE through Megatron against the simulator on Megatron's own layout, fp32 params."""
+    from scape.adams import AdamHParams
     from scape.config import ScapeConfig
     from scape.megatron.dense import OptimizerSpec, wrap_ddp
     from scape.megatron.layout import flat_layout
     from scape.megatron.models import SHAPES, build_gpt_model
     from scape.megatron.optimizer import build_scape_optimizer
     from scape.megatron.train import forward_loss, train_step
-    from scape.simulate import OptimizerHParams, Simulator
+    from scape.simulate import Simulator
 
     model_shape = SHAPES[shape]
     spec = OptimizerSpec(kind="adams", lr=2e-3, weight_decay=0.1, clip_grad=1.0)
@@ -175,8 +176,7 @@ def _simulator_run(shape: str, *, steps: int, bucket_size: int, device: torch.de
     opt = build_scape_optimizer(ddp, spec, cfg, check_every=0)
     torch.manual_seed(0)
     _, twin = build_gpt_model(model_shape, device=device)
-    hparams = OptimizerHParams(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
-                               weight_decay=spec.weight_decay, max_grad_norm=spec.clip_grad)  # fmt: skip
+    hparams = AdamHParams(**spec.shared())
     sim = Simulator(twin, 1, method="scape", hparams=hparams, scape=cfg, layout=flat_layout(ddp))
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, model_shape.vocab_size, (4, 2, model_shape.seq_length + 1),

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from scape.adams import AdamHParams
 from scape.config import ScapeConfig
 from scape.layout import FlatLayout
-from scape.simulate import OptimizerHParams, Simulator
+from scape.simulate import Simulator
 
 
 def make_model(seed=0, hidden=13):
@@ -31,7 +32,7 @@ def batches_for(step, world_size, seed=123):
     ]
 
 
-HP = OptimizerHParams(lr=1e-2, weight_decay=0.1)
+HP = AdamHParams(lr=1e-2, weight_decay=0.1, clip_grad=0.0)
 
 
 def run(sim, steps, lr=None):
@@ -87,7 +88,7 @@ def test_conservation_sent_plus_moments_equals_all_gradients(value_dtype, bucket
     n = sum(p.numel() for p in model.parameters())
     layout = FlatLayout.contiguous([p.numel() for p in model.parameters()], 3,
                                    bucket_size=bucket_size)  # fmt: skip
-    sim = Simulator(model, 3, method="scape", hparams=OptimizerHParams(lr=0.0), scape=cfg,
+    sim = Simulator(model, 3, method="scape", hparams=AdamHParams(lr=0.0, clip_grad=0.0), scape=cfg,
                     layout=layout)  # fmt: skip
     produced = torch.zeros(sim.layout.total)
     sent = torch.zeros(sim.layout.total)
@@ -121,7 +122,7 @@ def test_masks_are_delayed_by_one_step_and_made_by_each_shards_owner():
 
 def test_sign_update_moves_every_entry_by_lr():
     cfg = ScapeConfig(chunk=8, k=1, update="sign")
-    hp = OptimizerHParams(lr=1e-3, weight_decay=0.0)
+    hp = AdamHParams(lr=1e-3, weight_decay=0.0, clip_grad=0.0)
     sim = Simulator(make_model(), 2, method="scape", hparams=hp, scape=cfg)
     run(sim, 2)
     before = flat_params(sim.model).clone()
@@ -164,7 +165,7 @@ def test_byte_counts_follow_the_ring_formulas():
 
 
 def test_world_size_one_trains_and_loss_falls():
-    hp = OptimizerHParams(lr=3e-3)
+    hp = AdamHParams(lr=3e-3, clip_grad=0.0)
     sim = Simulator(make_model(), 1, method="scape", hparams=hp, scape=ScapeConfig(chunk=8, k=1))
     fixed = batches_for(0, 1)
     losses = [sim.step(fixed, mse).loss for _ in range(60)]

@@ -1,7 +1,8 @@
 """One quality-study run: a Megatron GPTModel trained by the W-worker simulator.
 
 The simulator (``scape.simulate``) is the project's oracle for SCAPE's numbers: W workers'
-forward/backward on one model, their residuals and the owners' masked AdamS, with the
+forward/backward on one model, each worker's own first moment and the one summed sparse
+buffer every worker steps with (``scape.step``, as the Megatron adapter runs it), the
 collectives replaced by sums in rank order. The model is Megatron-Core's GPTModel (the
 project's training engine) in a one-rank gloo group with TP = PP = 1.
 

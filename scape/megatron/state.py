@@ -32,7 +32,7 @@ from scape.comm import ByteCounter, SparseCommunicator
 from scape.config import ScapeConfig
 from scape.megatron.layout import BucketShard
 from scape.shard import WIRE_DTYPES, all_finite
-from scape.step import Geometry, make_bucket_step, resolve_implementation
+from scape.step import Geometry, Scratch, make_bucket_step, resolve_implementation
 
 __all__ = ["ScapeState", "WaitAll"]
 
@@ -63,10 +63,11 @@ class ScapeState:
                 f"buckets must tile the buffer from 0: starts {[s.start for s in shards]}"
             )
         self.implementation = resolve_implementation(implementation, device)
+        scratch = Scratch()  # one temporary for every bucket's select, sized once
         self.steps = [
             make_bucket_step(self.implementation,
                              Geometry(s.size, self.world_size, config.chunk, config.k),
-                             self.rank, config, device, runs, eps)
+                             self.rank, config, device, runs, eps, scratch)
             for s, runs in zip(shards, decay_runs, strict=True)
         ]  # fmt: skip
         self.bases = [step.basis for step in self.steps]

@@ -76,19 +76,14 @@ def _build(shape_name, scape, spec, *, overlap: bool, check_every: int = 1, bf16
 
 
 def _simulator(shape_name, ddp, scape, spec, world_size, implementation=None):
+    from scape.adams import AdamHParams
     from scape.megatron.layout import flat_layout
     from scape.megatron.models import SHAPES, build_gpt_model
-    from scape.simulate import OptimizerHParams, Simulator
+    from scape.simulate import Simulator
 
     torch.manual_seed(0)
     _, twin = build_gpt_model(SHAPES[shape_name])
-    hp = OptimizerHParams(
-        lr=spec.lr,
-        betas=(spec.beta1, spec.beta2),
-        eps=spec.eps,
-        weight_decay=spec.weight_decay,
-        max_grad_norm=spec.clip_grad or None,
-    )
+    hp = AdamHParams(**spec.shared())
     sim = Simulator(twin, world_size, method="scape", hparams=hp, scape=scape,
                     layout=flat_layout(ddp), implementation=implementation)  # fmt: skip
     return twin, sim

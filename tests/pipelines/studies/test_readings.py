@@ -14,13 +14,13 @@ from pipelines.studies.readings import (
     ReadingConfig,
     build_reading_simulator,
 )
-from scape.adams import adams_update_
+from scape.adams import AdamHParams, adams_update_
 from scape.basis import dct_matrix
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES
-from scape.simulate import OptimizerHParams, Simulator
+from scape.simulate import Simulator
 
 W = 3
-HP = OptimizerHParams(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
+HP = AdamHParams(lr=1e-2, weight_decay=0.1, clip_grad=1.0)
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -72,7 +72,7 @@ def test_local_reading_sending_everything_is_its_dense_limit() -> None:
     """k = C: every rank's moment is sent and emptied each step, so q is the mean gradient
     and R6-rms is RMSprop (Adam with beta1 = 0), R6 with AdamS on q is dense AdamS."""
     dense = {"reading": "local", "basis": "dct", "chunk": 8, "k": 8, "local_beta": 0.999}
-    hp = OptimizerHParams(lr=1e-2, weight_decay=0.1)  # the local readings do not clip
+    hp = AdamHParams(lr=1e-2, weight_decay=0.1, clip_grad=0.0)  # the local readings do not clip
     adams = Simulator(_model(), W, method="adams", hparams=hp)
     r6adams = build_reading_simulator(_model(), W, hp, ReadingConfig(**dense, update="adams"))
     r6rms = build_reading_simulator(_model(), W, hp, ReadingConfig(**dense, update="rms"))
@@ -111,7 +111,7 @@ def test_adams_per_coefficient_is_adams_in_the_identity_basis_and_not_in_the_dct
     same arithmetic as AdamS on q; in the DCT its nonlinear denominator makes it another
     rule (the map is orthonormal, AdamS's per-entry normalization is not invariant to it)."""
     dense = {"reading": "local", "chunk": 8, "k": 8, "local_beta": 1.0}
-    hp = OptimizerHParams(lr=1e-2, weight_decay=0.1)
+    hp = AdamHParams(lr=1e-2, weight_decay=0.1, clip_grad=0.0)
     sims = {
         (basis, update): build_reading_simulator(
             _model(), W, hp, ReadingConfig(**dense, basis=basis, update=update))
@@ -159,7 +159,7 @@ def test_dgc_sending_everything_is_dense_adams_and_counts_its_indices() -> None:
 def test_dgc_sends_each_ranks_top_k_keeps_the_rest_and_steps_adams_on_the_mean() -> None:
     """Per rank and shard the k largest |accumulated| entries are sent and emptied, the
     others kept (error feedback); every rank applies AdamS to the mean of what was sent."""
-    hp = OptimizerHParams(lr=1e-2, weight_decay=0.0)
+    hp = AdamHParams(lr=1e-2, weight_decay=0.0, clip_grad=0.0)
     cfg = ReadingConfig(reading="dgc", basis="identity", chunk=0, k=0, density=0.05,
                         momentum_correction=0.0, dense_warmup_steps=0)  # fmt: skip
     sim = build_reading_simulator(_model(), W, hp, cfg)
