@@ -133,7 +133,7 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive quality-replay-host $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive quality-replay-host quality-transfer $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
@@ -160,6 +160,12 @@ quality-replay: $(STAMP)
 # older code's own stored bits): OLDER=<commit of the older code version>, after quality-replay.
 quality-replay-host: $(STAMP)
 	$(PY) -m pipelines.studies.host_replay $(OLDER) --data-dir $(QUALITY_DATA)
+
+# Does the recipe's per-family lr rule hold where users meet it (make reproduce-table's setting,
+# 2 seeds, x1 against the rule)? Writes results/quality/transfer_check.json (minutes), which
+# make quality-report carries to recipe.json and the configs' test.
+quality-transfer: $(STAMP)
+	$(PY) -m pipelines.studies.transfer_check
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
 # about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.quality_run import STALENESS_KEYS
-from pipelines.studies.recipe import recipe, recipe_text, wire_choice
+from pipelines.studies.recipe import recipe, recipe_text, ship, wire_choice
 from pipelines.studies.report_figures import plot_curves, plot_gap_vs_steps
 from pipelines.studies.report_prose import (
     divergence_summary,
@@ -120,6 +120,8 @@ def write_report(
     verdict = verdict_text(index, verdict_models)
     rec = recipe(index, verdict_models + [m for m in size_models(index) if m not in verdict_models])
     rec["wire"] = wire_choice(index, verdict_models)
+    transfer = out_dir / "transfer_check.json"
+    ship(rec, json.loads(transfer.read_text(encoding="utf-8")) if transfer.is_file() else None)
     (out_dir / "recipe.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     update_block(out_dir / "README.md", recipe_text(rec, index, labels), "recipe")
     for readme in (out_dir / "README.md", *verdict_readmes):

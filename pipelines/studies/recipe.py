@@ -15,6 +15,7 @@ __all__ = [
     "RECIPE_FAMILY_SIZES",
     "RECIPE_MIN_STEPS",
     "family_multipliers",
+    "ship",
     "family_rule",
     "model_family",
     "recipe",
@@ -114,10 +115,28 @@ def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
     return out
 
 
+def ship(rec: dict[str, Any], transfer: dict[str, Any] | None) -> dict[str, Any]:
+    """Each family's ``shipped`` multiplier: its rule where the rule is x1 or the transfer
+    check (:mod:`pipelines.studies.transfer_check`, ``transfer_check.json``) found it no
+    worse than x1 on every seed where users meet it; x1 where the check failed or has not
+    run. The check's figures ride along (``transfer``)."""
+    checks = (transfer or {}).get("checks", {})
+    for variant, entry in rec["methods"].items():
+        for family, fam in entry.get("families", {}).items():
+            rule = fam.get("multiplier") or 1.0
+            check = checks.get(variant, {}).get(family)
+            if check is not None and check.get("multiplier") != rule:
+                check = None  # a check of another rule says nothing about this one
+            fam["transfer"] = check
+            fam["shipped"] = rule if rule == 1.0 or (check and check["holds"]) else 1.0
+    return rec
+
+
 def family_multipliers(rec: dict[str, Any], variant: str) -> dict[str, float]:
-    """The per-family multipliers the configs carry for ``variant`` (1 where no rule)."""
+    """The per-family multipliers the configs carry for ``variant`` (:func:`ship`)."""
     families = rec["methods"].get(variant, {}).get("families", {})
-    return {f: float(entry["multiplier"] or 1.0) for f, entry in families.items()}
+    return {f: float(entry.get("shipped", entry["multiplier"] or 1.0))
+            for f, entry in families.items()}  # fmt: skip
 
 
 def wire_choice(index: RunIndex, models: list[str]) -> dict[str, Any]:
@@ -180,10 +199,11 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
             rule = ({"sizes agree": f"{len(entry['models'])} sizes agree",
                      "least worst gap": "least worst gap over the sizes run"}.get(entry["rule"])
                     or f"no closed ratio at >= {rec['min_steps']:,} steps: x1")  # fmt: skip
+            shipped = _shipped_text(entry)
             for model, g in entry["gaps"].items():
                 rows.append(f"| {label} | {family} | x{entry['multiplier'] or 1:g} ({rule}) | "
                             f"{model} ({index.params_text(model)}) | {g['steps']:,} | "
-                            f"{_pct(g['rule'])} | {_pct(g['x1'])} |")  # fmt: skip
+                            f"{_pct(g['rule'])} | {_pct(g['x1'])} | {shipped} |")  # fmt: skip
     if rows:
         lines += ["", "**The configs' rule, per model family** (`lr_multiplier_by_family` in "
                   "`conf/optimizer/scape90.yaml` / `scape99.yaml`, applied by the pretrain "
@@ -192,11 +212,29 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
                   "else the multiplier whose worst gap over the family's sizes is least. Each "
                   "size's mean paired gap to dense AdamS under the rule and under x1 (SCAPE at "
                   "AdamS's lr; - where not run):", "",
-                  "| method | family | rule | model | steps | gap under the rule | gap under x1 |",
-                  "| --- | --- | --- | --- | --- | --- | --- |", *rows]  # fmt: skip
+                  "| method | family | rule | model | steps | gap under the rule | gap under x1 "
+                  "| shipped (the transfer check) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",
+                  "The transfer check (`make quality-transfer`): the rule and x1 where users meet "
+                  "it first, `make reproduce-table`'s setting (2 ranks, 128-token sequences, 450 "
+                  "steps), each seed's last validation loss; a rule ships only where it is no "
+                  "worse than x1 on every seed there."]  # fmt: skip
     return "\n".join([
         "SCAPE's best lr over dense AdamS's best, each chosen over the seeds, per model at its "
         "longest horizon where both lr grids are closed (`recipe.json`):", "", *lines])  # fmt: skip
+
+
+def _shipped_text(fam: dict[str, Any]) -> str:
+    check, shipped = fam.get("transfer"), fam.get("shipped", fam["multiplier"] or 1.0)
+    if (fam["multiplier"] or 1.0) == 1.0:
+        return "x1"
+    if check is None:
+        return f"x{shipped:g} (not checked yet)"
+    losses = ", ".join(
+        f"{a:.3f} / {b:.3f}" for a, b in zip(check["x1"], check["rule"], strict=True)
+    )
+    verdict = "holds" if check["holds"] else "worse than x1"
+    return f"x{shipped:g} (x1 / x{check['multiplier']:g} per seed: {losses}; {verdict})"
 
 
 def _pct(value: float | None) -> str:

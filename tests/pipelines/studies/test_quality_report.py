@@ -527,3 +527,26 @@ def test_the_early_gap_table_counts_every_runs_bytes_against_a_constant_scape99(
     # (7 x 100 + 1,493) / (100 + 1,499) = 1.37; 4.3 vs AdamS's 4.0: +7.5%; vs SCAPE-99's 4.4: -2.3%
     assert "| llama | W7 | x1.37 | 1 | +7.5 ± 0.0% (n=2) |" in text
     assert "| +10.0 ± 0.0% (n=2) | -2.3 ± 0.0% (n=2) |" in text
+
+
+def test_a_family_rule_ships_only_where_the_transfer_check_holds():
+    from pipelines.studies.recipe import family_multipliers, ship
+    from pipelines.studies.transfer_check import holds
+
+    def rec():
+        return {"methods": {"scape99": {"families": {
+            "llama": {"multiplier": 2.0}, "gpt": {"multiplier": 1.0}}}}}  # fmt: skip
+
+    assert family_multipliers(ship(rec(), None), "scape99") == {"llama": 1.0, "gpt": 1.0}
+    failed = {"multiplier": 2.0, "x1": [4.69, 4.75], "rule": [5.08, 4.70]}
+    failed["holds"] = holds(failed)
+    assert failed["holds"] is False  # worse than x1 on one seed is enough
+    shipped = ship(rec(), {"checks": {"scape99": {"llama": failed}}})
+    assert family_multipliers(shipped, "scape99") == {"llama": 1.0, "gpt": 1.0}
+    passed = {**failed, "rule": [4.6, 4.7]}
+    passed["holds"] = holds(passed)
+    assert family_multipliers(ship(rec(), {"checks": {"scape99": {"llama": passed}}}),
+                              "scape99") == {"llama": 2.0, "gpt": 1.0}  # fmt: skip
+    other_rule = {**passed, "multiplier": 4.0}  # a check of another rule does not count
+    assert family_multipliers(ship(rec(), {"checks": {"scape99": {"llama": other_rule}}}),
+                              "scape99")["llama"] == 1.0  # fmt: skip
