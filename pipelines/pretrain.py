@@ -88,9 +88,11 @@ def run_local(cfg: PretrainConfig, run_dir: Path) -> dict[str, Any]:
     claim_run_dir(cfg, run_dir)
     progress = _Progress(run_dir / METRICS_FILE, cfg.train.train_steps, cfg.progress, run_dir.name)
     try:
+        # the simulator engine is one process, whatever W it simulates
+        processes = cfg.cluster.world_size if cfg.train.engine == "megatron" else 1
         results = run_distributed(
             train_rank,
-            cfg.cluster.world_size,
+            processes,
             cfg,
             str(run_dir),
             timeout_s=7 * 24 * 3600,

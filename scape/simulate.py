@@ -15,6 +15,7 @@ chooses another).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ __all__ = [
     "Simulator",
     "StepResult",
     "default_decay_filter",
+    "load_simulator_state",
+    "simulator_state",
 ]
 
 METHODS = ("adamw", "adams", "scape")
@@ -43,8 +46,9 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 
 
 def default_decay_filter(name: str, param: Tensor) -> bool:
-    """Decay matrices, not biases, norms or other vectors (GPT-2 / Megatron convention)."""
-    return param.ndim >= 2
+    """Megatron's rule (its default ``no_weight_decay_cond``): decay every param but biases and
+    1-D ones (norm weights), the groups the Megatron adapter and the peers' engine use too."""
+    return not (name.endswith(".bias") or param.ndim == 1)
 
 
 @dataclass
@@ -339,3 +343,51 @@ def _overlap(bases: list[ShardBasis], before: list[Tensor], after: list[Tensor])
             kept += int((pa.unsqueeze(-1) == pb.unsqueeze(-2)).any(-1).sum())
         total += b.numel()
     return kept / total
+
+
+# ---------------------------------------------------------------- checkpoints
+_SKIP = object()  # a simulator attribute construction fixes: not in a checkpoint
+_OPTIMIZER = "__optimizer_state__"
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of one simulator attribute that training may change (tensors, numbers, lists of
+    them, a torch optimizer's state), or :data:`_SKIP` (the model, bases, configs: what
+    construction fixes)."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.optim.Optimizer):
+        return {_OPTIMIZER: copy.deepcopy(value.state_dict())}
+    if isinstance(value, (list, tuple)):
+        items = [_snapshot(v) for v in value]
+        return _SKIP if any(i is _SKIP for i in items) else items
+    return _SKIP
+
+
+def _restore(current: Any, saved: Any) -> Any:
+    """``saved`` put back where ``current`` is: tensors of the same shape and dtype are copied
+    in place, so the views of them (the params of SCAPE's flat buffer) stay bound."""
+    if isinstance(saved, dict) and _OPTIMIZER in saved:
+        current.load_state_dict(saved[_OPTIMIZER])
+        return current
+    same = isinstance(current, Tensor) and isinstance(saved, Tensor)
+    if same and current.shape == saved.shape and current.dtype == saved.dtype:
+        return current.copy_(saved)
+    pairs = isinstance(saved, list) and isinstance(current, (list, tuple))
+    if pairs and len(current) == len(saved):
+        return type(current)(_restore(c, v) for c, v in zip(current, saved, strict=True))
+    return saved
+
+
+def simulator_state(sim: Simulator) -> dict[str, Any]:
+    """Every attribute of ``sim`` (any simulator class) that training changes, copied."""
+    state = {k: _snapshot(v) for k, v in vars(sim).items() if k not in ("model", "params")}
+    return {k: v for k, v in state.items() if v is not _SKIP}
+
+
+def load_simulator_state(sim: Simulator, state: dict[str, Any]) -> None:
+    """Put :func:`simulator_state`'s copy back into a simulator built the same way."""
+    for name, saved in state.items():
+        setattr(sim, name, _restore(getattr(sim, name, None), saved))

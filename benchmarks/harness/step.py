@@ -85,7 +85,7 @@ def step_worker(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
     (method,) = spec["methods"]
     name, cfg, warmup, steps = method["name"], compose(method["overrides"]), spec["warmup"], spec["steps"]  # fmt: skip
-    engine, t = build_engine(cfg, world), cfg.train
+    engine, t = build_engine(cfg), cfg.train
     scheduler, scape = _build_scheduler(engine.optimizer, cfg), cfg.optimizer.name == "scape"
     # Megatron's DDP has bucket groups; the peer baselines' torch DDP has none
     buckets = sum(len(g.buckets) for g in getattr(engine.ddp, "bucket_groups", []))

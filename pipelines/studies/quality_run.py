@@ -23,7 +23,6 @@ divergence rule still sees every step): the committed logs stay small.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -37,7 +36,7 @@ from torch import Tensor, nn
 from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec, scape_config
 from pipelines.studies.quality_data import Batch, StudyData
 from scape.adams import AdamHParams
-from scape.simulate import Simulator
+from scape.simulate import Simulator, load_simulator_state, simulator_state
 
 __all__ = [
     "DivergenceRule",
@@ -45,9 +44,7 @@ __all__ = [
     "completed_log",
     "completed_run",
     "init_megatron_single_process",
-    "load_simulator_state",
     "lr_at",
-    "simulator_state",
     "train_run",
 ]
 
@@ -142,53 +139,6 @@ def completed_log(text: str | None, fingerprint: str) -> dict[str, Any] | None:
     if header.get("fingerprint") != fingerprint or last.get("event") != FINAL:
         return None
     return last
-
-
-_SKIP = object()  # a simulator attribute construction fixes: not in a checkpoint
-_OPTIMIZER = "__optimizer_state__"
-
-
-def _snapshot(value: Any) -> Any:
-    """A copy of one simulator attribute that training may change (tensors, numbers, lists of
-    them, a torch optimizer's state), or :data:`_SKIP` (the model, bases, configs: what
-    construction fixes)."""
-    if isinstance(value, Tensor):
-        return value.detach().clone()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.optim.Optimizer):
-        return {_OPTIMIZER: copy.deepcopy(value.state_dict())}
-    if isinstance(value, (list, tuple)):
-        items = [_snapshot(v) for v in value]
-        return _SKIP if any(i is _SKIP for i in items) else items
-    return _SKIP
-
-
-def _restore(current: Any, saved: Any) -> Any:
-    """``saved`` put back where ``current`` is: tensors of the same shape and dtype are copied
-    in place, so the views of them (the params of SCAPE's flat buffer) stay bound."""
-    if isinstance(saved, dict) and _OPTIMIZER in saved:
-        current.load_state_dict(saved[_OPTIMIZER])
-        return current
-    same = isinstance(current, Tensor) and isinstance(saved, Tensor)
-    if same and current.shape == saved.shape and current.dtype == saved.dtype:
-        return current.copy_(saved)
-    pairs = isinstance(saved, list) and isinstance(current, (list, tuple))
-    if pairs and len(current) == len(saved):
-        return type(current)(_restore(c, v) for c, v in zip(current, saved, strict=True))
-    return saved
-
-
-def simulator_state(sim: Simulator) -> dict[str, Any]:
-    """Every attribute of ``sim`` (any simulator class) that training changes, copied."""
-    state = {k: _snapshot(v) for k, v in vars(sim).items() if k not in ("model", "params")}
-    return {k: v for k, v in state.items() if v is not _SKIP}
-
-
-def load_simulator_state(sim: Simulator, state: dict[str, Any]) -> None:
-    """Put :func:`simulator_state`'s copy back into a simulator built the same way."""
-    for name, saved in state.items():
-        setattr(sim, name, _restore(getattr(sim, name, None), saved))
 
 
 class DivergenceRule:

@@ -5,7 +5,9 @@ Layout of one checkpoint (ZeRO-style: each rank saves its own optimizer shard):
     <run>/checkpoints/step_00000050/
         manifest.json    step, world size, sha256 of every file (written last)
         common.pt        rank 0: model weights, LR scheduler, anything rank-independent
-        rank00000.pt     rank r: its optimizer shard (and SCAPE's per-rank state), RNG
+        rank00000.pt     rank r: its RNG and what of its optimizer state is not sharded
+        optimizer/       what the optimizer saves through Megatron's distributed
+                         checkpointing (SCAPE: its moments, fp32 params and masks)
 
 All ranks write into ``.step_00000050.partial/``; rank 0 renames it to the final name only
 after every rank has finished and the manifest is written. A killed run therefore leaves a
@@ -20,6 +22,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +55,18 @@ def _rank_file(rank: int) -> str:
 
 
 def save_checkpoint(
-    root: Path, step: int, *, common: dict[str, Any] | None, rank_state: dict[str, Any], keep: int
+    root: Path,
+    step: int,
+    *,
+    common: dict[str, Any] | None,
+    rank_state: dict[str, Any] | Callable[[Path], dict[str, Any]],
+    keep: int,
 ) -> Path:
-    """Collective: every rank calls it; rank 0 passes ``common``, others None."""
+    """Collective: every rank calls it; rank 0 passes ``common``, others None.
+
+    ``rank_state`` may be a callable: every rank calls it with the directory being written
+    (collectively, so it may save sharded state there) and it returns the rank's file.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     final = root / _name(step)
     partial = root / f".{_name(step)}.partial"
@@ -63,12 +75,15 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
     dist.barrier()
+    if callable(rank_state):
+        rank_state = rank_state(partial)
     torch.save(rank_state, partial / _rank_file(rank))
     if rank == 0:
         torch.save(common or {}, partial / "common.pt")
     dist.barrier()
     if rank == 0:
-        files = {p.name: _sha256(p) for p in sorted(partial.glob("*.pt"))}
+        files = {p.relative_to(partial).as_posix(): _sha256(p)
+                 for p in sorted(partial.rglob("*")) if p.is_file()}  # fmt: skip
         manifest = {"step": step, "world_size": world, "files": files, "created": time.time()}
         (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if final.exists():  # the same step saved again (e.g. at the end of a resumed run)
@@ -101,7 +116,7 @@ def _problem(path: Path, world_size: int) -> str | None:
             "resume with the same number of ranks (the optimizer state is sharded per rank)"
         )
     expected = {"common.pt", *(_rank_file(r) for r in range(world_size))}
-    if set(manifest.get("files", {})) != expected:
+    if not expected <= set(manifest.get("files", {})):
         return "manifest lists the wrong files"
     for name, digest in manifest["files"].items():
         file = path / name

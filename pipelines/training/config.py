@@ -46,6 +46,9 @@ LOCAL_RULES = DENSE  # the update rule PowerSGD and DGC apply to the exchanged g
 FAMILIES = ("gpt", "llama")
 PRECISIONS = ("fp32", "bf16")
 LAUNCHERS = ("local", "slurm")
+# train.engine: Megatron ranks (one process per rank) or the W-worker simulator in one process
+ENGINES = ("megatron", "simulator")
+SIMULATED = (*DENSE, "scape")  # what the simulator engine runs
 BACKENDS = ("gloo", "nccl")
 SCALES = ("tiny", "paper")
 
@@ -179,6 +182,9 @@ class TrainConfig:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     consistency_check_interval: int = 50  # cross-rank checksum of params and masks
+    # megatron: one process per rank (cluster.world_size of them); simulator: the quality
+    # studies' W workers in one process, on Megatron's layout (pipelines/training/engine.py)
+    engine: str = "megatron"
 
 
 @dataclass
@@ -304,6 +310,10 @@ def validate(cfg: PretrainConfig) -> None:
         _fail("optimizer.min_lr", o.min_lr, f"must be in (0, optimizer.lr={o.lr}]")
     if t.precision not in PRECISIONS:
         _fail("train.precision", t.precision, f"is not one of {', '.join(PRECISIONS)}")
+    if t.engine not in ENGINES:
+        _fail("train.engine", t.engine, f"is not one of {', '.join(ENGINES)}")
+    if t.engine == "simulator":
+        _validate_simulator(cfg)
     if t.lr_decay_style not in ("cosine", "constant"):
         _fail("train.lr_decay_style", t.lr_decay_style, "is not one of cosine, constant")
     if c.launcher not in LAUNCHERS:
@@ -338,6 +348,23 @@ def validate(cfg: PretrainConfig) -> None:
         )
     if m.seq_length < 2:
         _fail("model.seq_length", m.seq_length, "must be >= 2")
+
+
+def _validate_simulator(cfg: PretrainConfig) -> None:
+    o, t, c = cfg.optimizer, cfg.train, cfg.cluster
+    if o.name not in SIMULATED:
+        _fail("optimizer.name", o.name, f"does not run on train.engine=simulator (it runs "
+              f"{', '.join(SIMULATED)}); use train.engine=megatron")  # fmt: skip
+    if t.precision != "fp32":
+        _fail("train.precision", t.precision, "is not supported by train.engine=simulator "
+              "(fp32 params); use train.precision=fp32 or train.engine=megatron")  # fmt: skip
+    if c.launcher != "local":
+        _fail("cluster.launcher", c.launcher, "cannot start train.engine=simulator (one "
+              "process on this machine); use cluster=local")  # fmt: skip
+    if o.name == "scape" and 128 % c.world_size:
+        _fail("cluster.ranks_per_node", c.ranks_per_node, f"gives W={c.world_size}, which "
+              "train.engine=simulator cannot lay out as Megatron would; use a W that divides "
+              "128")  # fmt: skip
 
 
 def _validate_peer(cfg: PretrainConfig) -> None:

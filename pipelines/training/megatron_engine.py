@@ -1,7 +1,8 @@
 """The Megatron-Core training engine of one rank: model, DDP, optimizer, and their state.
 
 Dense AdamW / AdamS through Megatron's DistributedOptimizer, or SCAPE through its subclasses
-(``scape.megatron``). Checkpoint state is per rank (ZeRO-style optimizer shards). Built by
+(``scape.megatron``). Each optimizer saves itself: SCAPE through Megatron's distributed
+checkpointing, the dense ZeRO-1 shards per rank. Built by
 :func:`pipelines.training.engine.build_engine`.
 """
 
@@ -22,7 +23,8 @@ __all__ = ["MegatronEngine"]
 @dataclass
 class MegatronEngine(EngineCommon):
     """Any optimizer built by :mod:`scape.megatron` (dense or SCAPE) answers the same calls:
-    ``sent_bytes``, ``check_consistency``, ``rank_state_dict`` / ``load_rank_state_dict``."""
+    ``sent_bytes``, ``check_consistency``, ``rank_state_dict`` / ``load_rank_state_dict``,
+    ``save_checkpoint`` / ``load_checkpoint``."""
 
     cfg: PretrainConfig
     ddp: Any
@@ -59,3 +61,11 @@ class MegatronEngine(EngineCommon):
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_rank_state_dict(state)
+
+    def save_optimizer(self, directory: Path) -> dict[str, Any]:
+        """The optimizer's own checkpoint: SCAPE through Megatron's distributed checkpointing,
+        dense ZeRO-1 shards in the rank file."""
+        return self.optimizer.save_checkpoint(directory)
+
+    def load_optimizer(self, directory: Path, rank_part: dict[str, Any]) -> None:
+        self.optimizer.load_checkpoint(directory, rank_part)

@@ -35,9 +35,11 @@ __all__ = ["PeerEngine", "build_peer_engine"]
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Megatron's rule: no weight decay on biases and 1-D (norm) parameters."""
+    from scape.simulate import default_decay_filter
+
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (no_decay if p.ndim == 1 or name.endswith(".bias") else decay).append(p)
+        (decay if default_decay_filter(name, p) else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay, "wd_mult": 1.0},
         {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0},
@@ -95,8 +97,6 @@ class PeerEngine(EngineCommon):
     data_dir: Path
     device: torch.device
     _bytes_seen: dict[str, float] = field(default_factory=dict)
-
-    is_scape = False
 
     @property
     def _clips(self) -> bool:

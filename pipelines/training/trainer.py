@@ -90,18 +90,22 @@ def _any(flag: bool) -> bool:
 
 @torch.no_grad()
 def evaluate(training, data, rank: int, cfg: PretrainConfig) -> float:
+    """The mean over data-parallel ranks of each rank's mean validation loss."""
     from scape.megatron.train import forward_loss
 
-    model = training.ddp
+    model = training.runner
     model.eval()
-    losses = [
-        float(forward_loss(model, tokens.to(training.device), labels.to(training.device)))
-        for tokens, labels in data.validation_batches(
-            rank, cfg.train.eval_iters, cfg.train.micro_batch_size
-        )
-    ]
+    means = []
+    for data_rank in training.data_ranks(rank):
+        losses = [
+            float(forward_loss(model, tokens.to(training.device), labels.to(training.device)))
+            for tokens, labels in data.validation_batches(
+                data_rank, cfg.train.eval_iters, cfg.train.micro_batch_size
+            )
+        ]
+        means.append(sum(losses) / len(losses))
     model.train()
-    return _all_mean(sum(losses) / len(losses))
+    return _all_mean(sum(means)) / len(means)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -128,7 +132,12 @@ def _save(training, scheduler, step: int, run_dir: Path, cfg: PretrainConfig) ->
             "scheduler": scheduler.state_dict(),
             "step": step,
         }
-    rank_state = {"optimizer": training.optimizer_state(), "rng": _rng_state(), "step": step}
+    rng = _rng_state()  # before the optimizer's save, which must not move it
+
+    def rank_state(directory: Path) -> dict[str, Any]:
+        return {"optimizer": training.save_optimizer(directory / "optimizer"), "rng": rng,
+                "step": step}  # fmt: skip
+
     save_checkpoint(
         run_dir / "checkpoints",
         step,
@@ -150,7 +159,7 @@ def _resume(training, scheduler, run_dir: Path, log) -> int:
     path = Path(choice[0])
     common, mine = load_rank_files(path, dist.get_rank())
     training.load_model_state_dict(common["model"])
-    training.load_optimizer_state(mine["optimizer"])
+    training.load_optimizer(path / "optimizer", mine["optimizer"])
     scheduler.load_state_dict(common["scheduler"])
     _set_rng_state(mine["rng"])
     return step_of(path)
@@ -181,8 +190,10 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
     run = Path(run_dir)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t = cfg.train
-    batch_per_rank = t.global_batch_size // world_size
-    training = build_engine(cfg, world_size)
+    # data-parallel ranks: the processes (Megatron engine) or the simulated workers
+    data_world = cfg.cluster.world_size
+    batch_per_rank = t.global_batch_size // data_world
+    training = build_engine(cfg)
     scheduler = _build_scheduler(training.optimizer, cfg)
     logger = RunLogger(run, cfg, enabled=rank == 0)
     start_step = _resume(training, scheduler, run, logger.warn)
@@ -194,7 +205,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         training.data_dir,
         seed=t.seed,
         seq_length=cfg.model.seq_length,
-        world_size=world_size,
+        world_size=data_world,
         batch_per_rank=batch_per_rank,
         steps=t.train_steps,
         cache_dir=run / "dataset_cache",
@@ -221,7 +232,7 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         # first warm-up lr rather than Megatron's lr_warmup_init of 0.
         scheduler.step(1)
         lr = training.current_lr()
-        result = training.step(data.rank_micro_batches(step, rank, t.micro_batch_size))
+        result = training.step_on(data, step, rank, t.micro_batch_size)
         step += 1
         loss = _all_mean(result.loss)
         if not math.isfinite(loss):

@@ -78,3 +78,13 @@ class DenseOptimizer(ChainedOptimizer):
                     p.copy_(saved)
             opt._copy_main_params_to_model_params()
         self.steps_taken = int(state.get("steps_taken", 0))
+
+    def save_checkpoint(self, directory) -> dict[str, Any]:
+        """For a trainer's checkpoint: the ZeRO-1 shards go in the rank's own file (returned);
+        nothing is written under ``directory``."""
+        del directory
+        return self.rank_state_dict()
+
+    def load_checkpoint(self, directory, rank_part: dict[str, Any]) -> None:
+        del directory
+        self.load_rank_state_dict(rank_part)

@@ -10,6 +10,7 @@ shards, rank r owns the r-th. :func:`flat_layout` turns that into a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from scape.layout import FlatLayout
@@ -54,20 +55,33 @@ def bucket_shards(ddp) -> list[BucketShard]:
     return out
 
 
-def flat_layout(ddp) -> FlatLayout:
-    """Megatron's layout as a FlatLayout; params in ``ddp.module.parameters()`` order."""
+def flat_layout(ddp, world_size: int | None = None) -> FlatLayout:
+    """Megatron's layout as a FlatLayout; params in ``ddp.module.parameters()`` order.
+
+    ``world_size``: the layout W ranks would have, read off a DDP built in a smaller group
+    (the simulator's one process). Megatron pads each bucket to a multiple of lcm(dp, 128) and
+    aligns params to 64 entries, so the layout is the same for every W that divides 128 (and
+    the same bucket size); other W raise ``ValueError``.
+    """
     buffer = single_buffer(ddp)
+    built = buffer.data_parallel_world_size
+    world = built if world_size is None else world_size
+    if world != built and math.lcm(world, 128) != math.lcm(built, 128):
+        raise ValueError(
+            f"Megatron's buffer layout at W={world} differs from the one built at W={built} "
+            "(buckets pad to lcm(W, 128)); use a W that divides 128"
+        )
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     offsets, numels = [], []
     for p in params:
         start, end, _bucket = buffer.param_index_map[p]
         offsets.append(start)
         numels.append(end - start)
-    buckets = tuple((b.start, b.end) for b in bucket_shards(ddp))
+    buckets = tuple((b.offset, b.offset + b.grad_data.numel()) for b in buffer.buckets)
     return FlatLayout(
         param_offsets=tuple(offsets),
         param_numels=tuple(numels),
         buckets=buckets,
         total=buffer.numel,
-        world_size=buffer.data_parallel_world_size,
+        world_size=world,
     )

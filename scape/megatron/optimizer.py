@@ -250,6 +250,22 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
         return self.scape.comm.counter.snapshot()
 
     # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, directory) -> dict:
+        """For a trainer's checkpoint (collective): SCAPE's state through Megatron's
+        distributed checkpointing under ``directory``; nothing is left for the rank's file."""
+        from scape.megatron.checkpoint import save_distributed
+
+        save_distributed(directory, self)
+        return {}
+
+    def load_checkpoint(self, directory, rank_part: dict) -> None:
+        """Restore :meth:`save_checkpoint`'s (collective); another world size or configuration
+        fails with a one-line :class:`~scape.megatron.checkpoint.CheckpointMismatch`."""
+        from scape.megatron.checkpoint import load_distributed
+
+        del rank_part
+        load_distributed(directory, self)
+
     def state_dict(self) -> dict:
         """This rank's SCAPE state (:func:`scape.megatron.checkpoint.scape_state_dict`)."""
         from scape.megatron.checkpoint import scape_state_dict

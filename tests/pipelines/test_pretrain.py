@@ -1,8 +1,9 @@
 """The pretrain stage end to end on 2 CPU ranks: a run, a SIGKILL mid-way, and its resumption.
 
 The resumed run must log exactly the losses of an uninterrupted one from the checkpoint on:
-model, optimizer shards (SCAPE: m, residuals, masks, age), LR schedule, RNG and the data
-position all come back.
+model, optimizer state (SCAPE's moments, fp32 params and masks, through Megatron's
+distributed checkpointing), LR schedule, RNG and the data position all come back. The same
+on the simulator engine (one process, W workers; its state in the rank file).
 """
 
 import json
@@ -20,9 +21,11 @@ from pipelines.training.tracking import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _command(optimizer: str, output_root: Path, progress: bool = False) -> list[str]:
+def _command(optimizer: str, output_root: Path, progress: bool = False,
+             engine: str = "megatron") -> list[str]:  # fmt: skip
     return [
         sys.executable, "-m", "pipelines.pretrain", f"optimizer={optimizer}",
+        f"train.engine={engine}",
         "train.train_steps=8", "train.checkpoint_interval=4", "train.eval_interval=4",
         "train.warmup_steps=2", "train.consistency_check_interval=2",
         "model.num_layers=2", "wandb.mode=disabled", f"progress={str(progress).lower()}",
@@ -34,9 +37,12 @@ def _run_dir(output_root: Path, label: str) -> Path:
     return output_root / "default" / f"tiny_gpt-{label}-seed1234"
 
 
-@pytest.mark.parametrize("optimizer, label", [("scape99", "SCAPE-99")])
+@pytest.mark.parametrize(
+    "optimizer, label, engine",
+    [("scape99", "SCAPE-99", "megatron"), ("scape99", "SCAPE-99", "simulator")],
+)
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(
-    tmp_path, prepared_default, optimizer, label
+    tmp_path, prepared_default, optimizer, label, engine
 ):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
@@ -45,7 +51,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(
     log = tmp_path / "straight.log"
     with log.open("w") as out:
         subprocess.run(
-            _command(optimizer, straight, progress=True),
+            _command(optimizer, straight, progress=True, engine=engine),
             cwd=REPO,
             env={**env, "SCAPE_PROGRESS_EVERY_S": "0"},
             check=True,
@@ -63,7 +69,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
-        _command(optimizer, killed),
+        _command(optimizer, killed, engine=engine),
         cwd=REPO,
         env=env,
         start_new_session=True,
@@ -82,7 +88,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(
         "the run finished before the kill"
     )
 
-    subprocess.run(_command(optimizer, killed), cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run(_command(optimizer, killed, engine=engine), cwd=REPO, env=env, check=True,
+                   capture_output=True)  # fmt: skip
     resumed = read_metrics(metrics)
     assert [r["step"] for r in resumed] == list(range(1, 9))
     summary = json.loads((_run_dir(killed, label) / "summary.json").read_text())
@@ -93,3 +100,6 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(
     assert (_run_dir(killed, label) / "export" / "model.pt").is_file()
     ckpts = sorted(p.name for p in (_run_dir(killed, label) / "checkpoints").iterdir())
     assert ckpts == ["step_00000004", "step_00000008"]
+    if engine == "megatron":  # SCAPE's state went through Megatron's distributed checkpointing
+        sharded = _run_dir(killed, label) / "checkpoints" / "step_00000004" / "optimizer"
+        assert (sharded / "metadata.json").is_file() and list(sharded.glob("*.distcp"))

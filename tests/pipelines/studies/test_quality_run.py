@@ -72,8 +72,9 @@ def test_every_variant_resumes_from_a_checkpoint_bit_for_bit(compose_study, tmp_
     parameters and losses to the bit. A simulator attribute the checkpoint missed fails here."""
     import torch
 
-    from pipelines.studies.quality_run import build_simulator, load_simulator_state, simulator_state
+    from pipelines.studies.quality_run import build_simulator
     from scape.adams import AdamHParams
+    from scape.simulate import load_simulator_state, simulator_state
 
     cfg = compose_study()
     hp = AdamHParams(lr=1e-2, weight_decay=0.1, clip_grad=0.5)

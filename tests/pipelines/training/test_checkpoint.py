@@ -19,6 +19,13 @@ def _save_steps(rank, world_size, jobs):
         for step in steps:
             common = {"model": torch.full((3,), float(step))} if rank == 0 else None
             state = {"shard": torch.full((2,), float(step * 10 + rank))}
+            if root.name == "sharded":  # an optimizer writing its own files (as SCAPE's does)
+
+                def state(directory, rank=rank, step=step):
+                    (directory / "optimizer").mkdir(exist_ok=True)
+                    (directory / "optimizer" / f"__{rank}.distcp").write_bytes(bytes([step] * 64))
+                    return {"shard": torch.full((2,), float(step * 10 + rank))}
+
             save_checkpoint(root, step, common=common, rank_state=state, keep=keep)
 
 
@@ -31,6 +38,7 @@ def roots(tmp_path_factory):
         "corrupt": ([1, 2], 3),
         "manifest": ([1, 2], 3),
         "world": ([1], 3),
+        "sharded": ([1, 2], 3),
     }
     run_distributed(
         _save_steps, 2, [(base / name, steps, keep) for name, (steps, keep) in jobs.items()]
@@ -76,3 +84,15 @@ def test_a_different_world_size_is_refused_with_the_fix(roots):
         find_latest_valid(tmp_path, 4)
     manifest = json.loads((tmp_path / "step_00000001" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
+
+
+def test_files_an_optimizer_writes_itself_are_hashed_too(roots):
+    tmp_path = roots["sharded"]
+    newest = tmp_path / "step_00000002"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert {"optimizer/__0.distcp", "optimizer/__1.distcp"} <= set(manifest["files"])
+    assert find_latest_valid(tmp_path, 2) == newest
+    (newest / "optimizer" / "__1.distcp").write_bytes(b"\0" * 64)  # a torn sharded file
+    messages = []
+    assert find_latest_valid(tmp_path, 2, log=messages.append) == tmp_path / "step_00000001"
+    assert "optimizer/__1.distcp does not match its sha256" in messages[0]

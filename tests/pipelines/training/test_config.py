@@ -195,3 +195,22 @@ def test_lr_multiplier_scales_lr_and_min_lr_for_the_optimizer_and_schedule():
     assert {k: v for k, v in scaled.items() if k not in ("lr", "min_lr")} == {
         k: v for k, v in cfg.optimizer.shared().items() if k not in ("lr", "min_lr")
     }
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["train.engine=jax"], "train.engine='jax' is not one of megatron, simulator"),
+        (["train.engine=simulator", "optimizer=dgc99"],
+         "optimizer.name='dgc' does not run on train.engine=simulator"),
+        (["train.engine=simulator", "train.precision=bf16"],
+         "train.precision='bf16' is not supported by train.engine=simulator"),
+        (["train.engine=simulator", "cluster=vista"], "cluster.launcher='slurm' cannot start"),
+        (["train.engine=simulator", "cluster.ranks_per_node=3", "train.global_batch_size=12",
+          "train.micro_batch_size=1"], "gives W=3, which train.engine=simulator cannot lay out"),
+    ],
+)  # fmt: skip
+def test_the_simulator_engine_says_what_it_cannot_run(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    assert needle in str(err.value)

@@ -1,0 +1,161 @@
+"""The simulator engine: W data-parallel workers in one process, behind the engine interface.
+
+The quality studies train with :class:`scape.simulate.Simulator` for speed (no processes, no
+collectives; the all-reduce is a sum in rank order). This engine puts that simulator behind
+the same calls as :class:`~pipelines.training.megatron_engine.MegatronEngine`, so the
+pretrain loop (schedule, clipping, evaluation, metrics, checkpoints) drives either, and a
+run of one setting through both engines can be compared step by step
+(``tests/pipelines/training/test_two_engines.py``).
+
+What makes the two engines train the same model:
+
+- the same Megatron GPTModel, built after the same seeding (:func:`scape.megatron.dense.init_megatron`);
+- SCAPE on Megatron's own buffer layout (same buckets, shards, padding and k per shard),
+  read off a Megatron DDP over a twin of the model (:func:`scape.megatron.layout.flat_layout`);
+- Megatron's weight-decay groups (:func:`scape.simulate.default_decay_filter`) and clipping rule;
+- the lr (and constant weight decay) of the same Megatron scheduler, which drives the
+  param groups of :class:`ScheduledGroups` here.
+
+The simulator keeps fp32 params; bf16 and the peer baselines run on the Megatron engine only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipelines.training.config import PretrainConfig, scape_config
+from pipelines.training.engine_base import EngineCommon
+
+__all__ = ["ScheduledGroups", "SimulatorEngine", "build_simulator_engine"]
+
+Batch = tuple[Tensor, Tensor]
+
+
+class ScheduledGroups:
+    """What Megatron's ``OptimizerParamScheduler`` drives: one param group's lr and weight
+    decay (the simulator steps every entry with one lr; decay follows its own groups)."""
+
+    def __init__(self, lr: float, weight_decay: float) -> None:
+        self.param_groups = [{"lr": lr, "weight_decay": weight_decay, "wd_mult": 1.0,
+                              "lr_mult": 1.0}]  # fmt: skip
+
+
+def _micro_batch_loss(model: nn.Module, micro_batches: list[Batch]) -> Tensor:
+    """The mean loss over one worker's micro-batches, as Megatron's step averages them: each
+    micro-batch's fp32 loss over n, summed in float64 (``train_step`` sums ``.item()`` s), so
+    the reported loss has the same bits; the gradient is the same (d sum / d term = 1)."""
+    from scape.megatron.train import forward_loss
+
+    device = next(model.parameters()).device
+    n = len(micro_batches)
+    terms = [(forward_loss(model, tokens.to(device), labels.to(device)) / n).double()
+             for tokens, labels in micro_batches]  # fmt: skip
+    return sum(terms[1:], terms[0])
+
+
+@dataclass
+class SimulatorEngine(EngineCommon):
+    """W simulated workers in this one process (the process group has one rank)."""
+
+    cfg: PretrainConfig
+    model: nn.Module
+    simulator: Any  # scape.simulate.Simulator
+    optimizer: ScheduledGroups
+    data_dir: Path
+    device: torch.device
+    _last_bytes: dict[str, float] = field(default_factory=dict)
+
+    def data_ranks(self, rank: int) -> list[int]:
+        """Every worker's data: this process is all of them."""
+        del rank
+        return list(range(self.simulator.world_size))
+
+    # ------------------------------------------------------------------ training
+    def step_on(self, data, step: int, rank: int, micro_batch_size: int):
+        return self.step([data.rank_micro_batches(step, w, micro_batch_size)
+                          for w in self.data_ranks(rank)])  # fmt: skip
+
+    def step(self, micro_batches: list[list[Batch]]):
+        """One step of every worker; ``micro_batches[w]`` is worker w's."""
+        from scape.megatron.train import StepResult
+
+        start = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]
+        result = self.simulator.step(micro_batches, _micro_batch_loss, lr=lr)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self._last_bytes = dict(result.bytes)
+        return StepResult(result.loss, result.grad_norm, not result.skipped,
+                          time.perf_counter() - start)  # fmt: skip
+
+    def bytes_last_step(self) -> dict[str, float]:
+        """Bytes one rank would send (ring accounting), by kind of traffic."""
+        return self._last_bytes
+
+    def check_consistency(self, step: int) -> None:
+        """One model holds every replica: nothing can diverge."""
+
+    def sync_params(self) -> None:
+        """The params are the one model's: nothing in flight."""
+
+    # ------------------------------------------------------------------ state
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    @property
+    def runner(self) -> nn.Module:
+        return self.model
+
+    def optimizer_state(self) -> dict[str, Any]:
+        from scape.simulate import simulator_state
+
+        return {"simulator": simulator_state(self.simulator)}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        from scape.simulate import load_simulator_state
+
+        load_simulator_state(self.simulator, state["simulator"])
+
+
+def _megatron_layout(cfg: PretrainConfig, shape, world_size: int, device: torch.device):
+    """The flat layout W Megatron ranks would build: a DDP over a twin of the model in this
+    one-rank group, with the bucket size Megatron would pick at W."""
+    from scape.megatron.dense import wrap_ddp
+    from scape.megatron.layout import flat_layout
+    from scape.megatron.models import build_gpt_model
+
+    t = cfg.train
+    config, twin = build_gpt_model(shape, device=device)
+    # Megatron's default at W ranks (its DDP would pick max(4e7, 1e6 * dp) at dp = 1 here)
+    bucket = t.bucket_size if t.bucket_size is not None else max(40_000_000, 1_000_000 * world_size)
+    ddp = wrap_ddp(config, twin, bucket_size=bucket, overlap_grad_reduce=t.overlap_grad_reduce,
+                   overlap_param_gather=t.overlap_param_gather)  # fmt: skip
+    layout = flat_layout(ddp, world_size)
+    del ddp, twin
+    return layout
+
+
+def build_simulator_engine(cfg: PretrainConfig, shape, model: nn.Module, data_dir: Path,
+                           device: torch.device) -> SimulatorEngine:  # fmt: skip
+    """The simulator over ``model`` (already built after Megatron's seeding) with
+    ``cluster.world_size`` workers, AdamW / AdamS / SCAPE as ``optimizer.name`` says."""
+    from scape.adams import AdamHParams
+    from scape.simulate import Simulator
+
+    o, world = cfg.optimizer, cfg.cluster.world_size
+    hparams = AdamHParams(**o.scaled())
+    layout = scape = None
+    if o.name == "scape":
+        scape = scape_config(o)
+        layout = _megatron_layout(cfg, shape, world, device)
+    simulator = Simulator(model, world, method=o.name, hparams=hparams, scape=scape,
+                          layout=layout)  # fmt: skip
+    groups = ScheduledGroups(hparams.lr, o.weight_decay)
+    return SimulatorEngine(cfg, model, simulator, groups, data_dir, device)
