@@ -117,6 +117,10 @@ class DGCOptions:
     # DGC's warm-up density schedule (scape.peers.dgc.DGCConfig): the density decays 25% ->
     # 6.25% -> 1.56% -> 0.39% (never below the target) over this many steps; 0: off.
     warmup_steps: int = 0
+    # The paper's local gradient clipping: each rank clips its own gradient to this norm over
+    # sqrt(W) before accumulating it, in place of clipping the exchanged one (optimizer.
+    # clip_grad); 0: off (the exchanged gradient is clipped at optimizer.clip_grad).
+    local_clip: float = 0.0
 
 
 @dataclass
@@ -393,6 +397,8 @@ def _validate_peer(cfg: PretrainConfig) -> None:
             _fail("optimizer.dgc.momentum", o.dgc.momentum, "must be in [0, 1)")
         if o.dgc.value_dtype not in ("float32", "bfloat16"):
             _fail("optimizer.dgc.value_dtype", o.dgc.value_dtype, "is not one of float32, bfloat16")
+        if o.dgc.local_clip < 0:
+            _fail("optimizer.dgc.local_clip", o.dgc.local_clip, "must be >= 0 (0: off)")
         if not 0 <= o.dgc.warmup_steps <= cfg.train.train_steps:
             _fail(
                 "optimizer.dgc.warmup_steps",

@@ -67,7 +67,7 @@ def _build_hook(cfg: PretrainConfig, params: list[Tensor]):
     if o.name == "dgc":
         conf = DGCConfig.for_sparsity(
             o.dgc.sparsity, momentum=o.dgc.momentum, value_dtype=o.dgc.value_dtype,
-            warmup_steps=o.dgc.warmup_steps,
+            warmup_steps=o.dgc.warmup_steps, local_clip=o.dgc.local_clip,
         )  # fmt: skip
         return DGCHook(conf, params=params)
     return OneBitHook(OneBitConfig(freeze_step=o.onebit.freeze_step, beta1=o.beta1), params=params)
@@ -100,8 +100,12 @@ class PeerEngine(EngineCommon):
 
     @property
     def _clips(self) -> bool:
-        """1-bit Adam after its freeze exchanges momentum, which is not clipped."""
-        if self.cfg.optimizer.name != "onebit":
+        """Whether the exchanged gradient is clipped: not 1-bit Adam's momentum after its
+        freeze, nor DGC's sum of locally clipped gradients (the paper's local clipping)."""
+        o = self.cfg.optimizer
+        if o.name == "dgc":
+            return o.dgc.local_clip == 0
+        if o.name != "onebit":
             return True
         return self.hook.step < self.hook.cfg.freeze_step
 

@@ -15,8 +15,9 @@ The paper's warm-up density schedule is an option (``DGCConfig.warmup_steps``, o
 default: the density is then a constant): the density decays exponentially over the first
 ``warmup_steps`` steps, 25% -> 6.25% -> 1.5625% -> 0.39% in equal stages (the paper's 75%,
 93.75%, 98.4375%, 99.6% sparsity, one stage per epoch), never below the target, then the
-target. Gradient clipping and sampling-based threshold estimation are left out: top-k is
-exact (``torch.topk``).
+target. So is the paper's local gradient clipping (``DGCConfig.local_clip``, off by default):
+each rank clips its own gradient to ``local_clip / sqrt(W)`` before accumulating it.
+Sampling-based threshold estimation is left out: top-k is exact (``torch.topk``).
 """
 
 from __future__ import annotations
@@ -97,8 +98,14 @@ class DGCConfig:
     # ``warmup_densities`` (equal stages, each at least ``density``); 0 turns it off.
     warmup_steps: int = 0
     warmup_densities: tuple[float, ...] = WARMUP_DENSITIES
+    # The paper's local gradient clipping: before a rank accumulates its gradient, it clips
+    # it to norm ``local_clip / sqrt(W)`` (a bucket to its share, sqrt(bucket / all entries),
+    # of that); the exchanged gradient is then not clipped again. 0 turns it off.
+    local_clip: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.local_clip, int | float) and self.local_clip >= 0.0):
+            raise ValueError(f"DGCConfig.local_clip must be >= 0 (0: off), got {self.local_clip!r}")
         if not (isinstance(self.density, int | float) and 0.0 < self.density <= 1.0):
             raise ValueError(f"DGCConfig.density must be in (0, 1], got {self.density!r}")
         if not (isinstance(self.momentum, int | float) and 0.0 <= self.momentum < 1.0):
@@ -153,7 +160,10 @@ class DGCHook:
         self.process_group = process_group
         self.counter = counter if counter is not None else ByteCounter()
         names = ("u", "v") if cfg.momentum > 0 else ("v",)
+        params = None if params is None else list(params)
         self.buffers = ParamBuffers(names, params)
+        # all entries of the model (local clipping's per-bucket share; 0: unknown, one bucket)
+        self.total_numel = 0 if params is None else sum(p.numel() for p in params)
         self.step = 0  # steps whose last bucket this hook has exchanged (the warm-up's clock)
 
     @property
@@ -169,6 +179,10 @@ class DGCHook:
         k = num_selected(v.numel(), state.cfg.density_at(state.step))
         if bucket.is_last():
             state.step += 1
+        if state.cfg.local_clip > 0:
+            share = grad.numel() / state.total_numel if state.total_numel else 1.0
+            limit = state.cfg.local_clip * math.sqrt(min(share, 1.0) / state.world_size)
+            grad.mul_((limit / (grad.norm() + 1e-6)).clamp(max=1.0))
         idx, wire = accumulate_and_select_(
             v, u, grad, state.cfg.momentum, k, WIRE_DTYPES[state.cfg.value_dtype]
         )  # (k,) int64, (k,) wire dtype

@@ -1,5 +1,7 @@
 """DGC hook on 2 gloo ranks: the published rule, error feedback, bytes, checkpoints, DDP."""
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,6 +56,9 @@ def _suite(rank, world_size, group):
     ref = g.clone()
     dist.all_reduce(ref, group=group)
     out["dense"] = (_call(h, 0, flat, [g]), ref / world_size, h.counter.snapshot())
+    # Local clipping (the paper's): every entry sent, each rank's gradient clipped first.
+    h = DGCHook(DGCConfig(density=1.0, momentum=0.0, local_clip=1.0), group, params=flat)
+    out["local_clip"] = _call(h, 0, flat, [_grad(rank, 2)])
     # One step without momentum, each wire dtype: what was sent and what stayed behind.
     for dtype in ("float32", "bfloat16"):
         h = DGCHook(DGCConfig(density=0.05, momentum=0.0, value_dtype=dtype), group)
@@ -129,6 +134,16 @@ def test_density_one_is_an_average_all_reduce(two):
         torch.testing.assert_close(result, ref, rtol=1e-6, atol=1e-6)
         assert counted == _bytes(N, 1.0, 4)
     assert torch.equal(two[0]["dense"][0], two[1]["dense"][0])
+
+
+def test_local_clipping_clips_each_ranks_gradient_to_its_share_before_accumulating(two):
+    limit = 1.0 / math.sqrt(2)  # local_clip / sqrt(W), the one bucket holding every entry
+    clipped = [
+        g * min(1.0, limit / (float(g.norm()) + 1e-6)) for g in (_grad(r, 2) for r in (0, 1))
+    ]
+    assert float(_grad(0, 2).norm()) > 10 * limit  # so the clip acts
+    for r in two:
+        torch.testing.assert_close(r["local_clip"], (clipped[0] + clipped[1]) / 2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -220,6 +235,7 @@ def test_ddp_training_stays_identical_across_ranks(two):
         ({"density": 0.0}, "density"),
         ({"density": 1.5}, "density"),
         ({"density": 0.1, "momentum": 1.0}, "momentum"),
+        ({"density": 0.1, "local_clip": -1.0}, "local_clip"),
         ({"density": 0.1, "value_dtype": "float16"}, "value_dtype"),
     ],
 )
