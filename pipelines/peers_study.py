@@ -59,11 +59,12 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[1]
 
 # The files that compute a peers-study run's numbers: the optimizer library (less the
-# simulator and the rank launcher), the peers' hooks, the Megatron adapter, and the pretrain
+# simulator and the rank launcher; with the step, scape/step.py and its kernels), the peers' hooks, the Megatron adapter, and the pretrain
 # stage's runtime (less provenance, run-directory, slot, Slurm and logging code). Conservative:
 # a change anywhere in them, a rename included, starts a new code version.
 STUDY_SOURCES = (
-    *(f"scape/{n}.py" for n in ("__init__", "adams", "basis", "comm", "config", "layout", "shard")),
+    *(f"scape/{n}.py" for n in ("__init__", "adams", "basis", "comm", "config", "layout", "shard",
+                                "step", "fused")),
     *(f"scape/peers/{n}.py" for n in ("__init__", "buckets", "dgc", "onebit", "powersgd")),
     *(f"scape/megatron/{n}.py" for n in ("__init__", "bucket_group", "checkpoint", "cpu_compat",
                                           "dense", "layout", "models", "optimizer", "state", "train")),

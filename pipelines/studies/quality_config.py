@@ -26,7 +26,6 @@ __all__ = [
     "RunSpec",
     "ScaleConfig",
     "VariantSpec",
-    "scape_config",
 ]
 
 
@@ -122,6 +121,10 @@ class VariantSpec:
         if chunk == 0:  # a reading's whole-shard mask: k follows from the shard's size
             return {**options, "k": 0, "density": density_of(sparsity)}
         return {**options, "k": coefficients_per_chunk(sparsity, chunk)}
+
+    def scape_config(self) -> ScapeConfig | None:
+        """The library's config of a ``scape`` variant (None for every other method)."""
+        return ScapeConfig(**self.run_options()) if self.method == "scape" else None
 
     def exchanged_density(self) -> float:
         """Fraction of values exchanged per step (1 for the dense methods)."""
@@ -234,7 +237,3 @@ class RunSpec:
             payload["lr_scale"] = self.lr_scale
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
-
-def scape_config(variant: VariantSpec) -> ScapeConfig | None:
-    """The library's config of a ``scape`` variant (None for every other method)."""
-    return ScapeConfig(**variant.run_options()) if variant.method == "scape" else None

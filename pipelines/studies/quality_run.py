@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec, scape_config
+from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec
 from pipelines.studies.quality_data import Batch, StudyData
 from scape.adams import AdamHParams
 from scape.simulate import Simulator, load_simulator_state, simulator_state
@@ -172,7 +172,7 @@ def build_simulator(
         reading = ReadingConfig(**variant.run_options())
         return build_reading_simulator(model, world_size, hparams, reading)
     return Simulator(model, world_size, method=variant.method, hparams=hparams,
-                     scape=scape_config(variant))  # fmt: skip
+                     scape=variant.scape_config())  # fmt: skip
 
 
 def train_run(

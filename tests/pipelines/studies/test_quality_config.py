@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pipelines.quality_study import plan_runs
-from pipelines.studies.quality_config import RunSpec, VariantSpec, scape_config
+from pipelines.studies.quality_config import RunSpec, VariantSpec
 from pipelines.studies.readings import ReadingConfig
 from scape.config import ScapeConfig
 
@@ -19,7 +19,7 @@ def test_config_composes_and_every_variant_is_valid(compose_study) -> None:
     core = [k for k, v in cfg.variants.items() if v.core]
     assert core[:2] == ["adams", "adamw"] and {"r0_99", "r0ef_99", "r6rms_99"} <= set(core)
     for name, variant in cfg.variants.items():
-        built = scape_config(variant)
+        built = variant.scape_config()
         assert (built is None) == (variant.method != "scape"), name
         if variant.method == "reading":
             ReadingConfig(**variant.run_options())  # a study-only reading: its options validate
@@ -58,7 +58,7 @@ def test_sparsity_becomes_the_codes_count_per_chunk() -> None:
     (chunk 0) k 0 and the exact density (1 - 0.9 in binary floating point is not 0.1)."""
     scape90 = VariantSpec(method="scape", options={"sparsity": 0.9, "update": "sign"})
     assert scape90.run_options() == {"k": 10, "update": "sign"}
-    assert scape_config(scape90) == ScapeConfig(k=10, update="sign")
+    assert scape90.scape_config() == ScapeConfig(k=10, update="sign")
     c200 = VariantSpec(method="scape", options={"chunk": 200, "sparsity": 0.99})
     assert c200.run_options() == {"chunk": 200, "k": 2}
     probe = VariantSpec(method="reading", options={"chunk": 64, "sparsity": 0.984375})
