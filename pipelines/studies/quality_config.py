@@ -236,4 +236,3 @@ class RunSpec:
         if self.lr_scale != 1.0:
             payload["lr_scale"] = self.lr_scale
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-

@@ -121,6 +121,9 @@ class DGCOptions:
     # sqrt(W) before accumulating it, in place of clipping the exchanged one (optimizer.
     # clip_grad); 0: off (the exchanged gradient is clipped at optimizer.clip_grad).
     local_clip: float = 0.0
+    # The paper's per-layer selection (each tensor's own top fraction) instead of one top-k
+    # over the whole DDP bucket (results/peers/dgc_screen/).
+    per_tensor: bool = False
 
 
 @dataclass

@@ -68,6 +68,7 @@ def _build_hook(cfg: PretrainConfig, params: list[Tensor]):
         conf = DGCConfig.for_sparsity(
             o.dgc.sparsity, momentum=o.dgc.momentum, value_dtype=o.dgc.value_dtype,
             warmup_steps=o.dgc.warmup_steps, local_clip=o.dgc.local_clip,
+            per_tensor=o.dgc.per_tensor,
         )  # fmt: skip
         return DGCHook(conf, params=params)
     return OneBitHook(OneBitConfig(freeze_step=o.onebit.freeze_step, beta1=o.beta1), params=params)

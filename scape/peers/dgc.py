@@ -6,7 +6,7 @@ gradient (n,) fp32:
 
     u = momentum * u + g             # momentum correction (skipped when momentum == 0)
     v = v + u                        # local accumulation (v = v + g when momentum == 0)
-    I = top-k of |v|, k = ceil(density * n)  (num_selected)
+    I = top-k of |v|, k = ceil(density * n)  (num_selected; per tensor with ``per_tensor``)
     all-gather (I as int32, v[I] in the wire dtype) from every rank
     result = (sum over ranks r of scatter(I_r, v_r)) / W     # identical on every rank
     v[I] -= wire(v[I]), u[I] = 0     # error feedback (v[I] = 0 on an fp32 wire), momentum masking
@@ -102,6 +102,10 @@ class DGCConfig:
     # it to norm ``local_clip / sqrt(W)`` (a bucket to its share, sqrt(bucket / all entries),
     # of that); the exchanged gradient is then not clipped again. 0 turns it off.
     local_clip: float = 0.0
+    # The paper selects per layer (one threshold per tensor); False: one top-k over the
+    # whole bucket, which starves tensors whose gradients are small next to the bucket's
+    # largest (results/peers/dgc_screen/).
+    per_tensor: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.local_clip, int | float) and self.local_clip >= 0.0):
@@ -176,16 +180,31 @@ class DGCHook:
         grad = bucket.buffer()  # (n,) this rank's local gradient, DDP's flat bucket
         bufs = state.buffers.get(bucket)
         v, u = bufs["v"], bufs.get("u")  # (n,) fp32: accumulated-not-sent, corrected momentum
-        k = num_selected(v.numel(), state.cfg.density_at(state.step))
+        density = state.cfg.density_at(state.step)
         if bucket.is_last():
             state.step += 1
         if state.cfg.local_clip > 0:
             share = grad.numel() / state.total_numel if state.total_numel else 1.0
             limit = state.cfg.local_clip * math.sqrt(min(share, 1.0) / state.world_size)
             grad.mul_((limit / (grad.norm() + 1e-6)).clamp(max=1.0))
-        idx, wire = accumulate_and_select_(
-            v, u, grad, state.cfg.momentum, k, WIRE_DTYPES[state.cfg.value_dtype]
-        )  # (k,) int64, (k,) wire dtype
+        wire_dtype = WIRE_DTYPES[state.cfg.value_dtype]
+        if state.cfg.per_tensor:  # the paper's rule: each tensor's own top fraction
+            picks, start = [], 0
+            for p in bucket.parameters():
+                part = slice(start, start + p.numel())
+                i, w = accumulate_and_select_(
+                    v[part], None if u is None else u[part], grad[part], state.cfg.momentum,
+                    num_selected(p.numel(), density), wire_dtype,
+                )  # fmt: skip
+                picks.append((i + start, w))
+                start += p.numel()
+            idx = torch.cat([i for i, _ in picks])
+            wire = torch.cat([w for _, w in picks])
+        else:
+            idx, wire = accumulate_and_select_(
+                v, u, grad, state.cfg.momentum, num_selected(v.numel(), density), wire_dtype
+            )  # (k,) int64, (k,) wire dtype
+        k = idx.numel()  # the same on every rank: the same tensors and density
 
         W, group = state.world_size, state.process_group
         all_idx = torch.empty(W * k, dtype=torch.int32, device=v.device)

@@ -59,6 +59,10 @@ def _suite(rank, world_size, group):
     # Local clipping (the paper's): every entry sent, each rank's gradient clipped first.
     h = DGCHook(DGCConfig(density=1.0, momentum=0.0, local_clip=1.0), group, params=flat)
     out["local_clip"] = _call(h, 0, flat, [_grad(rank, 2)])
+    # The paper's per-layer selection: each tensor of the bucket its own top 5%.
+    two_params = [torch.zeros(s) for s in SHAPES[:2]]
+    h = DGCHook(DGCConfig(density=0.05, momentum=0.0, per_tensor=True), group)
+    out["per_tensor"] = (_call(h, 0, two_params, _param_grads(rank, 3)[:2]), h.counter.snapshot())
     # One step without momentum, each wire dtype: what was sent and what stayed behind.
     for dtype in ("float32", "bfloat16"):
         h = DGCHook(DGCConfig(density=0.05, momentum=0.0, value_dtype=dtype), group)
@@ -144,6 +148,24 @@ def test_local_clipping_clips_each_ranks_gradient_to_its_share_before_accumulati
     assert float(_grad(0, 2).norm()) > 10 * limit  # so the clip acts
     for r in two:
         torch.testing.assert_close(r["local_clip"], (clipped[0] + clipped[1]) / 2)
+
+
+def test_per_tensor_selection_takes_each_tensors_own_top_fraction(two):
+    sent = []
+    for r in range(2):
+        parts = []
+        for g in _param_grads(r, 3)[:2]:
+            g = g.reshape(-1)
+            idx = g.abs().topk(num_selected(g.numel(), 0.05)).indices
+            parts.append(torch.zeros_like(g).index_put_((idx,), g[idx]))
+        sent.append(torch.cat(parts))
+    ks = [num_selected(torch.Size(s).numel(), 0.05) for s in SHAPES[:2]]
+    for r in two:
+        result, counted = r["per_tensor"]
+        torch.testing.assert_close(result, (sent[0] + sent[1]) / 2)
+        assert counted[MASKS] == ring_bytes_per_rank(2 * sum(ks) * 4, 2)
+    # one top-k over the bucket would starve the 20-entry tensor; per tensor it gets its share
+    assert int((sent[0][600:] != 0).sum()) == ks[1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
