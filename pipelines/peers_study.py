@@ -23,7 +23,10 @@ The protocol of the verdict (:mod:`pipelines.studies.protocol`):
   ``report_only``, the one with the most finished runs), naming every commit they ran at
   (each run's ``provenance.json``) and counting the other versions' runs it left out.
 
-Finished runs are skipped, so the study resumes. The report
+Finished runs are skipped, so the study resumes. The records of the table's runs (metrics,
+summary, provenance, config; no checkpoints) are packed into ``<out_dir>/runs.tar.xz``, which
+``report_only`` unpacks under ``output_root`` first: a fresh checkout rewrites the report from
+what is committed. The report
 (:mod:`pipelines.studies.peers_report`) writes ``<out_dir>/frontier.{json,md,png}``, the
 curves (``peers.*``, ``loss_vs_bytes.png``) and, in ``<out_dir>/README.md`` when it has the
 markers, the generated frontier block.
@@ -255,6 +258,44 @@ def _bytes(runs: list[StudyRun]) -> tuple[dict[str, dict[str, float]], dict[str,
     return projections, here
 
 
+# What a run keeps in the committed archive: its records, not its checkpoints or exports.
+PACKED_FILES = ("metrics.jsonl", "summary.json", "provenance.json", "config.yaml")
+RUNS_ARCHIVE = "runs.tar.xz"
+
+
+def pack_runs(runs: list[StudyRun], output_root: Path, archive: Path) -> Path:
+    """The records of ``runs`` (:data:`PACKED_FILES`, paths relative to ``output_root``) into
+    one xz tar, written atomically: committed beside the report, so every lr choice and gap
+    in it can be checked and the report rewritten (:func:`unpack_runs`)."""
+    import tarfile
+
+    tmp = archive.with_name(f".{archive.name}.tmp")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tmp, "w:xz") as tar:
+        for r in sorted(runs, key=lambda r: str(r.run_dir)):
+            for name in PACKED_FILES:
+                path = r.run_dir / name
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(output_root)))
+    tmp.replace(archive)
+    return archive
+
+
+def unpack_runs(archive: Path, output_root: Path) -> int:
+    """:func:`pack_runs`' archive back under ``output_root`` (files already there are kept);
+    returns how many files it wrote."""
+    import tarfile
+
+    written = 0
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in tar.getmembers():
+            target = output_root / member.name
+            if member.isfile() and not target.exists():
+                tar.extract(member, output_root, filter="data")
+                written += 1
+    return written
+
+
 def run(cfg: PeersStudyConfig | DictConfig, command: str | None = None) -> dict[str, Any]:
     """Train (or skip, when finished) every planned run and the grids' extensions, then write
     the report; returns the frontier's JSON."""
@@ -266,6 +307,9 @@ def run(cfg: PeersStudyConfig | DictConfig, command: str | None = None) -> dict[
         cfg = OmegaConf.to_object(cfg)
     cfg = _resolved(cfg)
     current = study_code()
+    archive = Path(cfg.out_dir) / RUNS_ARCHIVE
+    if cfg.report_only and archive.is_file():  # the committed records, on a fresh checkout
+        unpack_runs(archive, Path(cfg.output_root))
     if not cfg.report_only:
         runs = plan_runs(cfg, current)
         _train(runs, "")
@@ -294,9 +338,11 @@ def run(cfg: PeersStudyConfig | DictConfig, command: str | None = None) -> dict[
         setting=_setting(cfg, ref.cfg), unigram=unigram, projections=projections,
         formula_here=here, readme=out_dir / "README.md",
     )  # fmt: skip
+    pack_runs(runs, Path(cfg.output_root), archive)
     print((out_dir / "frontier.md").read_text(encoding="utf-8"))
     print(
-        f"written: {out_dir}/frontier.json, frontier.md, frontier.png, peers.*, loss_vs_bytes.png"
+        f"written: {out_dir}/frontier.json, frontier.md, frontier.png, peers.*, loss_vs_bytes.png, "
+        f"{RUNS_ARCHIVE} (the runs' records)"
     )
     return doc
 

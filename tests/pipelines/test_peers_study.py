@@ -14,9 +14,11 @@ from pipelines.peers_study import (
     STUDY_SOURCES,
     PeersStudyConfig,
     grid_extensions,
+    pack_runs,
     plan_runs,
     run,
     study_code,
+    unpack_runs,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +48,23 @@ def test_the_plan_is_every_method_lr_and_seed_in_its_code_versions_directory(tmp
     assert dgc.cfg.model.vocab_size == dgc.cfg.tokenizer.vocab_size == 1024
     assert dgc.cfg.optimizer.dgc.warmup_steps == dgc.cfg.train.warmup_steps > 0  # DGC's warm-up on
     assert len({r.run_dir for r in runs}) == len(runs)
+
+
+def test_the_runs_records_pack_and_unpack_without_checkpoints(tmp_path):
+    runs = plan_runs(_cfg(tmp_path / "out"), "v1")[:2]
+    for i, r in enumerate(runs):
+        _finish(r, 5.0 + i)
+        (r.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 6.0}\n')
+        (r.run_dir / "checkpoints").mkdir()
+        (r.run_dir / "checkpoints" / "big.pt").write_bytes(b"x" * 1000)
+    archive = pack_runs(runs, tmp_path / "out", tmp_path / "results" / "runs.tar.xz")
+    fresh = tmp_path / "fresh"
+    assert unpack_runs(archive, fresh) == 4  # summary and metrics of each, nothing else
+    for r in runs:
+        moved = fresh / r.run_dir.relative_to(tmp_path / "out")
+        assert (moved / "summary.json").read_text() == (r.run_dir / "summary.json").read_text()
+        assert not (moved / "checkpoints").exists()
+    assert unpack_runs(archive, fresh) == 0  # what is there is kept
 
 
 def test_grids_close_on_every_seed_until_the_best_lr_is_inside(tmp_path):
