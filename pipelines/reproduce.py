@@ -8,7 +8,9 @@ corpus with its 1,024-entry byte-level BPE, a tiny GPT (GPT-345M's experiment) a
 Llama (Llama-500M's), each with AdamW, AdamS, SCAPE-90 and SCAPE-99, then lm-eval on local
 offline tasks, then the tables and each experiment's W&B report (offline JSON unless
 ``WANDB_API_KEY`` is set). Finished runs are not redone (a
-pretrain run resumes from its checkpoint; a finished one returns at once).
+pretrain run resumes from its checkpoint; a finished one returns at once); a run made with
+settings that have changed since (a config updated by a pull) is moved to
+``<experiment>/.superseded/<run>-<time>`` and trained again.
 
 At ``--scale paper`` it submits every paper experiment's sweep to Slurm with submitit
 (``--dry-run`` writes the sbatch scripts and resolved configs instead) and prints the
@@ -74,7 +76,7 @@ def reproduce(
     from pipelines.pretrain import run as pretrain_run
     from pipelines.tables import TablesConfig, report_lines
     from pipelines.tables import run as tables_run
-    from pipelines.training.runs import run_dir_of
+    from pipelines.training.runs import holds_other_run, run_dir_of, set_aside
 
     start = time.perf_counter()
     base = [f"scale={SCALE_CONFIGS[scale]}", f"output_root={output_root}", *overrides]
@@ -118,6 +120,10 @@ def reproduce(
             f"[{i}/{len(configs)}] {cfg.experiment}: {cfg.model.name} with {cfg.optimizer.label} -> {run_dirs[i - 1]}",
             flush=True,
         )
+        if holds_other_run(cfg, run_dirs[i - 1]):  # its settings changed since (a new config)
+            moved = set_aside(run_dirs[i - 1])
+            print(f"    its settings changed since that run: moved it to {moved} (see its "
+                  "config.yaml) and training again", flush=True)  # fmt: skip
         result = pretrain_run(cfg)
         print(
             f"    {json.dumps({k: v for k, v in result.items() if k in ('status', 'step', 'final_val_loss')})}",

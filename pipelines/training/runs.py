@@ -15,7 +15,7 @@ from pipelines.training.config import ConfigError, PretrainConfig
 from pipelines.training.provenance import record_provenance
 from pipelines.training.tracking import run_name
 
-__all__ = ["claim_run_dir", "run_dir_of", "train_joined_rank"]
+__all__ = ["claim_run_dir", "holds_other_run", "run_dir_of", "set_aside", "train_joined_rank"]
 
 
 def run_dir_of(cfg: PretrainConfig) -> Path:
@@ -49,6 +49,34 @@ def _settings(node: Any) -> dict[str, Any]:
     return settings
 
 
+def holds_other_run(cfg: PretrainConfig, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run made with settings other than ``cfg``'s (see
+    :func:`_settings`); False when it holds none."""
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return False
+    try:
+        return _settings(OmegaConf.load(saved_path)) != _settings(OmegaConf.structured(cfg))
+    except Exception:  # a key this version no longer has, a wrong type: not this run
+        return True
+
+
+SUPERSEDED = ".superseded"  # <output_root>/<experiment>/.superseded/: runs set aside
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move ``run_dir`` to ``<experiment dir>/.superseded/<name>-<UTC time>`` (nothing is
+    deleted; one level deeper than runs, so the tables stage does not read it as one);
+    returns the new path."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = run_dir.parent / SUPERSEDED / f"{run_dir.name}-{stamp}"
+    target.parent.mkdir(exist_ok=True)
+    run_dir.rename(target)
+    return target
+
+
 def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
     """Write config.yaml, or check that an existing run directory holds this same run.
 
@@ -57,16 +85,11 @@ def claim_run_dir(cfg: PretrainConfig, run_dir: Path) -> None:
     """
     resolved = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     saved_path = run_dir / "config.yaml"
-    if saved_path.is_file():
-        try:
-            same = _settings(OmegaConf.load(saved_path)) == _settings(OmegaConf.structured(cfg))
-        except Exception:  # a key this version no longer has, a wrong type: not this run
-            same = False
-        if not same:
-            raise ConfigError(
-                f"{run_dir} holds a run with other settings (see its config.yaml); "
-                "set run_name=<new name> or output_root=<other dir>, or delete that directory"
-            )
+    if holds_other_run(cfg, run_dir):
+        raise ConfigError(
+            f"{run_dir} holds a run with other settings (see its config.yaml); "
+            "set run_name=<new name> or output_root=<other dir>, or delete that directory"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     saved_path.write_text(resolved)
     record_provenance(run_dir)

@@ -4,7 +4,7 @@ optimizers' options are not settings."""
 import pytest
 
 from pipelines.training.config import ConfigError, compose
-from pipelines.training.runs import claim_run_dir, run_dir_of
+from pipelines.training.runs import claim_run_dir, holds_other_run, run_dir_of, set_aside
 
 
 def test_a_run_directory_is_not_reused_for_other_settings(tmp_path):
@@ -37,3 +37,22 @@ def test_options_of_other_optimizers_do_not_orphan_a_run(tmp_path):
     OmegaConf.save(saved, run_dir / "config.yaml")
     with pytest.raises(ConfigError, match="holds a run with other settings"):
         claim_run_dir(cfg, run_dir)
+
+
+def test_a_run_of_changed_settings_is_set_aside_not_deleted(tmp_path):
+    """What make reproduce-table does after a config changed: the old run moves beside the
+    new one's directory, every file kept, and the new run claims a fresh directory."""
+    cfg = compose(["optimizer=scape99", f"output_root={tmp_path}"])
+    run_dir = run_dir_of(cfg)
+    assert not holds_other_run(cfg, run_dir)  # nothing there yet
+    claim_run_dir(cfg, run_dir)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    assert not holds_other_run(cfg, run_dir)
+    changed = compose(["optimizer=scape99", f"output_root={tmp_path}", "optimizer.lr_multiplier=2"])
+    assert holds_other_run(changed, run_dir)
+    moved = set_aside(run_dir)
+    assert moved.parent == run_dir.parent / ".superseded"
+    assert moved.name.startswith(f"{run_dir.name}-")
+    assert list(tmp_path.glob("*/*/config.yaml")) == []  # the tables stage no longer sees it
+    assert (moved / "metrics.jsonl").read_text() == "{}\n" and not run_dir.exists()
+    claim_run_dir(changed, run_dir)  # the new run starts clean
