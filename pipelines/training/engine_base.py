@@ -60,9 +60,8 @@ class EngineCommon:
         groups = self.optimizer.param_groups
         return float(max(g["lr"] / g.get("lr_mult", 1.0) for g in groups))
 
-    def _counter_delta(self, counter) -> dict[str, float]:
-        """Bytes a ``ByteCounter`` gained since the last call."""
-        now = counter.snapshot()
+    def _bytes_since_last(self, now: dict[str, float]) -> dict[str, float]:
+        """What a running byte total (by kind) gained since the last call."""
         delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
         self._bytes_seen = now
         return delta

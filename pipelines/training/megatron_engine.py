@@ -23,8 +23,7 @@ __all__ = ["MegatronEngine"]
 @dataclass
 class MegatronEngine(EngineCommon):
     """Any optimizer built by :mod:`scape.megatron` (dense or SCAPE) answers the same calls:
-    ``sent_bytes``, ``check_consistency``, ``rank_state_dict`` / ``load_rank_state_dict``,
-    ``save_checkpoint`` / ``load_checkpoint``."""
+    ``sent_bytes``, ``check_consistency``, ``save_checkpoint`` / ``load_checkpoint``."""
 
     cfg: PretrainConfig
     ddp: Any
@@ -41,10 +40,7 @@ class MegatronEngine(EngineCommon):
 
     def bytes_last_step(self) -> dict[str, float]:
         """Bytes this rank sent in the last step, by kind of traffic (ring accounting)."""
-        now = self.optimizer.sent_bytes()
-        delta = {k: v - self._bytes_seen.get(k, 0.0) for k, v in now.items()}
-        self._bytes_seen = now
-        return delta
+        return self._bytes_since_last(self.optimizer.sent_bytes())
 
     def check_consistency(self, step: int) -> None:
         del step  # the optimizer names the step it is at
@@ -56,12 +52,6 @@ class MegatronEngine(EngineCommon):
         sync_params(self.ddp)
 
     # ------------------------------------------------------------------ state
-    def optimizer_state(self) -> dict[str, Any]:
-        return self.optimizer.rank_state_dict()
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_rank_state_dict(state)
-
     def save_optimizer(self, directory: Path) -> dict[str, Any]:
         """The optimizer's own checkpoint: SCAPE through Megatron's distributed checkpointing,
         dense ZeRO-1 shards in the rank file."""

@@ -138,7 +138,7 @@ class PeerEngine(EngineCommon):
         return StepResult(total, norm, updated, time.perf_counter() - start)
 
     def bytes_last_step(self) -> dict[str, float]:
-        return self._counter_delta(self.hook.counter)
+        return self._bytes_since_last(self.hook.counter.snapshot())
 
     def check_consistency(self, step: int) -> None:
         """Every rank holds a full replica: their parameters must agree bit for bit."""

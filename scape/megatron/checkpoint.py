@@ -9,7 +9,10 @@ checkpoint under the real name. Loading uses ``torch.load(weights_only=True)`` a
 with a message naming the field, a checkpoint from another world size, rank, SCAPE
 configuration or buffer layout.
 
-Data-loader position and LR schedule belong to the caller (the pretrain stage).
+The same state also goes through Megatron's distributed checkpointing
+(:func:`save_distributed` / :func:`load_distributed`, the optimizer's ``sharded_state_dict``),
+which the pretrain stage's checkpoints use. Data-loader position and LR schedule belong to
+the caller.
 """
 
 from __future__ import annotations
@@ -58,8 +61,7 @@ def scape_state_dict(opt) -> dict:
     """This rank's SCAPE state (CPU copies), after completing the mask exchange in flight.
 
     Plain tensors, lists, dicts and numbers only, so ``torch.load(weights_only=True)`` reads it;
-    for callers with their own checkpoint files (the pretrain stage) and for
-    :func:`save_scape_checkpoint`.
+    the optimizer's ``state_dict`` and :func:`save_scape_checkpoint`.
     """
     st = opt.scape
     st.finish_mask_exchange()

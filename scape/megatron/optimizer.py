@@ -237,13 +237,6 @@ class ScapeDistributedOptimizer(DistributedOptimizer):
                 f"step] = {everyone.tolist()}"
             )
 
-    def rank_state_dict(self) -> dict:
-        """This rank's state for per-rank checkpoint files (:meth:`state_dict`)."""
-        return self.state_dict()
-
-    def load_rank_state_dict(self, state: dict) -> None:
-        self.load_state_dict(state)
-
     def sent_bytes(self) -> dict[str, float]:
         """Bytes this rank has sent since it was built, by kind of traffic (its collectives'
         own counters)."""

@@ -137,7 +137,7 @@ def _train(
             sync_params(ddp)
             out["digests"].append(_digest(model.parameters()))
         if save_at is not None and step + 1 == save_at[0]:
-            save_scape_checkpoint(save_at[1], opt)  # the pretrain stage's per-rank files
+            save_scape_checkpoint(save_at[1], opt)  # per-rank files (state_dict's format)
             save_distributed(f"{save_at[1]}/megatron", opt)  # Megatron's own checkpointing
         if scape is None:
             continue
