@@ -4,6 +4,7 @@ Every figure is read from a file beside it; a section whose file is missing says
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,26 @@ def gpu_section() -> list[str]:
             *_table(*memory_rows(report, n))]  # fmt: skip
 
 
+def cpu_ab_section(bench_dir: Path) -> list[str]:
+    """The newest CPU A/B of the SCAPE step (`benchmarks.ab_step`'s lines, saved as
+    ``ab_step_<A>_vs_<B>.jsonl``): issue 40's "no regression" on CPU."""
+    files = sorted(bench_dir.glob("ab_step_*_vs_*.jsonl"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        return ["_No CPU A/B of the step yet (`python -m benchmarks.ab_step A B > "
+                "results/bench/ab_step_<A>_vs_<B>.jsonl`)._"]  # fmt: skip
+    path = files[-1]
+    names = path.stem.removeprefix("ab_step_").split("_vs_")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if '"round"' in line]
+    order = list(dict.fromkeys(r["tree"] for r in rows))  # round 0 times A first
+    medians = [statistics.median(r["median_step_s"] for r in rows if r["tree"] == t) for t in order]
+    loads = [r["load_before"] for r in rows]
+    return [f"CPU, the SCAPE-99 adapter step side by side (`python -m benchmarks.ab_step`, "
+            f"{len({r['round'] for r in rows})} rounds, [`{path.name}`]({path.name})): median "
+            f"step {medians[0]:.4f} s at {names[0]}, {medians[1]:.4f} s at {names[1]}; 1-min "
+            f"load before the rounds {min(loads):.2f}-{max(loads):.2f} (after the first, the "
+            "benchmark's own ranks)."]  # fmt: skip
+
+
 def shipped_wire() -> str:
     """The values' dtype the SCAPE configs send (the quality study's recipe decides it)."""
     from pipelines.training.config import compose
@@ -319,6 +340,7 @@ def render(bench_dir: Path, wire: str | None = None) -> str:
         "## 3. Optimizer-side work", "", *overhead_section(o, p, parts), "",
         "## 4. Projection to the paper's cluster, and where SCAPE pays", "", *projection_section(p, bench_dir), "",
         "## 5. SCAPE's step on a GPU and its memory (issue 40)", "", *gpu_section(), "",
+        *cpu_ab_section(bench_dir), "",
         "## 6. Peers: PowerSGD, DGC-style top-k, 1-bit-Adam-style (issue 8)", "",
         "`make peers-study` (losses, bytes) and `make bench-peers-cluster` (step times on the emulated "
         "cluster): [results/peers/README.md](../peers/README.md).", "",

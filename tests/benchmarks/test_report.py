@@ -171,3 +171,14 @@ def test_the_gpu_target_is_met_or_not_only_where_a_gpu_check_calibrated_the_proj
     assert scape_share(0.0825, "none: no GPU run yet").endswith(
         "| not measured (no GPU); modeled 8.2% (99%), 8.2% (90%) | unverified |"
     )
+
+
+def test_the_cpu_ab_line_reads_the_newest_saved_run(tmp_path):
+    assert "No CPU A/B" in report.cpu_ab_section(tmp_path)[0]
+    rows = [(0, "a", 0.20, 0.3), (0, "b", 0.10, 1.5), (1, "b", 0.12, 1.7), (1, "a", 0.22, 1.8)]
+    (tmp_path / "ab_step_old_vs_new.jsonl").write_text("\n".join(
+        json.dumps({"round": r, "tree": t, "median_step_s": s, "load_before": lo})
+        for r, t, s, lo in rows) + '\n{"a": 0.21, "b": 0.11}\n')  # fmt: skip
+    (line,) = report.cpu_ab_section(tmp_path)
+    assert "2 rounds" in line and "0.2100 s at old, 0.1100 s at new" in line
+    assert "load before the rounds 0.30-1.80" in line
