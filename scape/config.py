@@ -23,6 +23,7 @@ __all__ = [
     "ScapeConfig",
     "coefficients_per_chunk",
     "density_of",
+    "ramp_fields",
 ]
 
 UPDATES = ("rms", "sign")
@@ -57,6 +58,11 @@ class ScapeConfig:
         results/bench/README.md).
     fuse_buckets: one all-reduce for all buckets' values after backward, instead of one per
         bucket overlapped with backward (transport only: the numbers are the same).
+    ramp_start_k, ramp_steps: a density ramp, DGC's sparsity warm-up (issue 41's early-gap
+        candidate): the first sparse step sends ``ramp_start_k`` coefficients per chunk, and
+        k falls exponentially to ``k`` over ``ramp_steps`` sparse steps (:meth:`k_at`).
+        0, 0: none, every sparse step sends k ("Early gap": whether it closes the early gap
+        within a byte budget). The simulator runs it; the Megatron adapter refuses it.
     """
 
     chunk: int = 100
@@ -67,6 +73,8 @@ class ScapeConfig:
     dense_warmup_steps: int = 1
     value_dtype: str = "float32"
     fuse_buckets: bool = False
+    ramp_start_k: int = 0
+    ramp_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk <= MAX_CHUNK:
@@ -97,6 +105,33 @@ class ScapeConfig:
                 f"ScapeConfig.value_dtype={self.value_dtype!r} is not one of {VALUE_DTYPES}"
             )
 
+        if self.ramp_start_k and not self.k < self.ramp_start_k <= self.chunk:
+            raise ValueError(
+                f"ScapeConfig.ramp_start_k={self.ramp_start_k} must be in (k={self.k}, "
+                f"chunk={self.chunk}]: a ramp starts denser than it ends (0: no ramp)"
+            )
+        if bool(self.ramp_start_k) != (self.ramp_steps > 0) or self.ramp_steps < 0:
+            raise ValueError(
+                f"ScapeConfig.ramp_steps={self.ramp_steps} with ramp_start_k="
+                f"{self.ramp_start_k}: set both (a ramp over >= 1 sparse steps) or neither"
+            )
+
+    def k_at(self, step: int) -> int:
+        """Coefficients per chunk at (1-based) ``step`` (a dense warm-up step sends every
+        entry whatever this says): ``ramp_start_k * (k / ramp_start_k) ** (s / ramp_steps)``
+        rounded, for the s-th sparse step (0-based) of the ramp; ``k`` after it."""
+        sparse = max(step - self.dense_warmup_steps - 1, 0)
+        if not self.ramp_start_k or sparse >= self.ramp_steps:
+            return self.k
+        k = round(self.ramp_start_k * (self.k / self.ramp_start_k) ** (sparse / self.ramp_steps))
+        return min(self.ramp_start_k, max(self.k, k))
+
+    @property
+    def k_levels(self) -> tuple[int, ...]:
+        """Every k a step of this config can send, ascending."""
+        last = self.dense_warmup_steps + 1 + self.ramp_steps
+        return tuple(sorted({self.k_at(t) for t in range(1, last + 1)}))
+
     @property
     def density(self) -> float:
         return self.k / self.chunk
@@ -113,17 +148,31 @@ class ScapeConfig:
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> ScapeConfig:
         """From the fields as a person writes them: ``sparsity`` (default 0.99) in place of
-        ``k``, every other field optional (its default here)."""
+        ``k`` and ``ramp_start_sparsity`` in place of ``ramp_start_k``, every other field
+        optional (its default here)."""
         fields = dict(settings)
-        if "k" in fields:
-            raise ValueError(
-                f"k={fields['k']} is the library's count per chunk; write "
-                "sparsity=<1 - k / chunk> instead (e.g. sparsity=0.99)"
-            )
-        return cls.for_sparsity(fields.pop("sparsity", DEFAULT_SPARSITY), **fields)
+        for count, person in (("k", "sparsity"), ("ramp_start_k", "ramp_start_sparsity")):
+            if count in fields:
+                raise ValueError(
+                    f"{count}={fields[count]} is the library's count per chunk; write "
+                    f"{person}=<1 - {count} / chunk> instead (e.g. {person}=0.99)"
+                )
+        return cls.for_sparsity(fields.pop("sparsity", DEFAULT_SPARSITY), **ramp_fields(fields))
 
 
 DEFAULT_SPARSITY = ScapeConfig().sparsity  # 0.99: k=1 of chunk=100
+
+
+def ramp_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with a person's ``ramp_start_sparsity`` turned into the library's
+    ``ramp_start_k`` (per chunk of ``options['chunk']``, default 100)."""
+    fields = dict(options)
+    if "ramp_start_sparsity" in fields:
+        start = fields.pop("ramp_start_sparsity")
+        fields["ramp_start_k"] = coefficients_per_chunk(
+            start, fields.get("chunk", ScapeConfig.chunk)
+        )
+    return fields
 
 
 def density_of(sparsity: float) -> float:

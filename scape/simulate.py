@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from scape.adams import AdamHParams, AdamS
-from scape.basis import ShardBasis
+from scape.basis import ShardBasis, selected_count
 from scape.comm import GRAD_VALUES, PARAM_VALUES, SCALARS, ring_bytes_per_rank, step_bytes_per_rank
 from scape.config import ScapeConfig
 from scape.layout import FlatLayout
@@ -253,16 +253,27 @@ class Simulator:
                 flat[w, off : off + g.numel()] = g.view(-1)
         return flat
 
-    def bytes_per_step(self, dense: bool) -> dict[str, float]:
+    def bytes_per_step(self, dense: bool, k: int | None = None) -> dict[str, float]:
         """Per rank: the all-reduce of each bucket's values and its finite flag (booked as its
-        reduce-scatter and all-gather halves) and the all-gather of the next step's masks (one
-        byte per selected coefficient)."""
+        reduce-scatter and all-gather halves) and the all-gather of the step's masks (one byte
+        per selected coefficient), ``k`` per chunk (None: the step's now)."""
         size = torch.empty((), dtype=WIRE_DTYPES[self.scape.value_dtype]).element_size()
         per_shard = [
-            self.layout.shard_size(b) if dense else basis.num_selected
+            self.layout.shard_size(b) if dense
+            else basis.num_selected if k is None
+            else selected_count(self.layout.shard_size(b), self.scape.chunk, k)
             for b, basis in enumerate(self.bases)
-        ]
+        ]  # fmt: skip
         return step_bytes_per_rank(per_shard, self.world_size, size, masks=not dense)
+
+    def run_bytes(self, steps: int) -> float:
+        """Bytes per rank of a SCAPE run's first ``steps`` steps, every kind: what its steps'
+        byte records sum to (the dense warm-up, then each step's k), without running them."""
+        cfg = self.scape
+        return sum(
+            sum(self.bytes_per_step(t <= cfg.dense_warmup_steps, cfg.k_at(t)).values())
+            for t in range(1, steps + 1)
+        )
 
     def _scape_step(self, grads: list[list[Tensor]], loss: float, lr: float) -> StepResult:
         cfg, W, hp = self.scape, self.world_size, self.hp
@@ -270,14 +281,19 @@ class Simulator:
         self.step_count = t
         fresh = self._flat_grads(grads)
         dense = t <= cfg.dense_warmup_steps or self.masks is None
+        if cfg.ramp_start_k:  # this step's k, and the next step's for the masks made now
+            for steps in self.steps:
+                for step in steps:
+                    step.set_k(cfg.k_at(t), cfg.k_at(t + 1))
+            self.bases = [step.basis for step in self.steps[0]]
         bytes_ = self.bytes_per_step(dense)
         wire_dtype = WIRE_DTYPES[cfg.value_dtype]
         spans = [slice(start, end) for start, end in self.layout.buckets]
         # From the last warm-up step on, every owner makes its shard's mask for the next step.
         new_masks = None
         if t >= cfg.dense_warmup_steps:
-            new_masks = [torch.empty(W, basis.num_selected, dtype=torch.int64,
-                                     device=self.device) for basis in self.bases]  # fmt: skip
+            new_masks = [torch.empty(W, step.next_num_selected, dtype=torch.int64,
+                                     device=self.device) for step in self.steps[0]]  # fmt: skip
         synced = []
         for b, span in enumerate(spans):
             masks = None if dense else self.masks[b]
@@ -322,7 +338,7 @@ class Simulator:
         self.last_synced = synced  # the summed buffers every rank stepped with (last_q)
         overlap = None
         if new_masks is not None:
-            if self.last_used_masks is not None:
+            if self.last_used_masks is not None and cfg.k_at(t) == cfg.k_at(t + 1):
                 overlap = _overlap(self.bases, self.last_used_masks, new_masks)
             self.masks = new_masks
         return StepResult(t, loss, float(norm), False, bytes_, mask_overlap=overlap,

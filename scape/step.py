@@ -213,10 +213,32 @@ class BucketStep:
         self.eps = eps  # the rms update's denominator term (the optimizer's eps)
         self.basis = ShardBasis(geometry.shard_size, config.chunk, config.k, self.device)
         self.wire_dtype = WIRE_DTYPES[config.value_dtype]
+        # A density ramp (config.ramp_start_k) steps with one k and makes the next step's
+        # mask with another: each k's geometry and basis, built once (the DCT is k's own).
+        self._levels = {config.k: (geometry, self.basis)}
+        self._next_geo, self._next_basis = geometry, self.basis
+
+    def _level(self, k: int) -> tuple[Geometry, ShardBasis]:
+        if k not in self._levels:
+            geo = Geometry(self.geo.shard_size, self.geo.world_size, self.config.chunk, k)
+            self._levels[k] = (geo, ShardBasis(geo.shard_size, geo.chunk, k, self.device))
+        return self._levels[k]
+
+    def set_k(self, k: int, next_k: int) -> None:
+        """Step with ``k`` coefficients per chunk (the masks passed in are k's) and make the
+        next step's mask with ``next_k`` (:meth:`ScapeConfig.k_at`); both are the config's k
+        unless this is called."""
+        self.geo, self.basis = self._level(k)
+        self._next_geo, self._next_basis = self._level(next_k)
 
     @property
     def num_selected(self) -> int:
         return self.geo.num_selected
+
+    @property
+    def next_num_selected(self) -> int:
+        """Coefficients per shard of the next step's mask."""
+        return self._next_geo.num_selected
 
     def has_flag(self, dense: bool) -> bool:
         """Whether the payload ends in a finite flag (a dense payload needs none: every entry
@@ -300,7 +322,7 @@ class BlockedBucketStep(BucketStep):
             lo, hi = self.own_range()
             statistic = self._candidate if masks is None else moment
             with record_function("scape.select"):
-                next_mask.copy_(owner_mask(self.basis, statistic[lo:hi]))
+                next_mask.copy_(owner_mask(self._next_basis, statistic[lo:hi]))
 
     def _update(self, update: Update, basis, masks, synced) -> None:
         step_bucket_(
@@ -330,9 +352,10 @@ class FusedBucketStep(BucketStep):
         # the chunk's DCT, then the tail's, in one tensor: the kernels pick a row's by offset
         flat = [d.reshape(-1)] + ([] if d_tail is None else [d_tail.reshape(-1)])
         self._dct = torch.cat(flat)
+        most = selected_count(self.geo.shard_size, self.config.chunk, max(self.config.k_levels))
         self._sent = torch.empty(
-            self.geo.world_size * self.num_selected, dtype=self.wire_dtype, device=self.device
-        )  # what this rank sent, read back by the commit: sized once
+            self.geo.world_size * most, dtype=self.wire_dtype, device=self.device
+        )  # what this rank sent, read back by the commit: sized once, for the largest k
         self._no_clip = torch.ones(1, device=self.device)
         self._selected_at_pack = False
 
@@ -358,7 +381,7 @@ class FusedBucketStep(BucketStep):
     def _select(self, moment: Tensor, grad: Tensor | None, out: Tensor) -> None:
         lo, hi = self.own_range()
         with record_function("scape.select"):
-            self._kernels.select(self.geo, moment[lo:hi], None if grad is None else grad[lo:hi],
+            self._kernels.select(self._next_geo, moment[lo:hi], None if grad is None else grad[lo:hi],
                                  self._dct, out, beta=self.config.moment_beta,
                                  scratch=self.scratch.get(hi - lo, self.device))  # fmt: skip
 
@@ -374,7 +397,7 @@ class FusedBucketStep(BucketStep):
         self._kernels.pack(self.geo, moment, grad, masks, self._dct, self.values(payload, dense),
                            flag, beta=self.config.moment_beta, world_size=self.geo.world_size)  # fmt: skip
         if not dense:
-            self._sent.copy_(payload[:-1])
+            self._sent[: payload.numel() - 1].copy_(payload[:-1])
 
     def finish(self, moment, grad, masks, synced, *, update, next_mask, commit=True) -> None:
         dense = masks is None
@@ -396,7 +419,8 @@ class FusedBucketStep(BucketStep):
                           decay_factor=update.decay_factor, lr=update.lr, beta2=beta2,
                           correction=1.0 - beta2**update.step, eps=self.eps)  # fmt: skip
         with record_function("scape.update"):
-            self._kernels.finish(self.geo, moment, grad, masks, self._dct, self._sent, synced,
+            sent = self._sent[: self.geo.world_size * self.num_selected]
+            self._kernels.finish(self.geo, moment, grad, masks, self._dct, sent, synced,
                                  beta=self.config.moment_beta, world_size=self.geo.world_size,
                                  commit=commit, residual_in_grad=not self.payload_is_grad(dense),
                                  **kwargs)  # fmt: skip

@@ -193,3 +193,75 @@ def test_mask_overlap_compares_coefficients_chunk_by_chunk():
     assert _overlap([basis], [before], [swapped]) == pytest.approx(2 / 6)
     one_kept = torch.tensor([[0, 7, 5, 6, 3, 9]])
     assert _overlap([basis], [before], [one_kept]) == pytest.approx(4 / 6)
+
+
+def _ramped(implementation="blocked"):
+    """A ramp from k=4 to 1 of 8 over 3 sparse steps after one dense step."""
+    cfg = ScapeConfig(chunk=8, k=1, ramp_start_k=4, ramp_steps=3)
+    return cfg, Simulator(make_model(), 4, method="scape", hparams=HP, scape=cfg,
+                          implementation=implementation)  # fmt: skip
+
+
+def test_a_density_ramp_sends_each_steps_k_and_masks_the_next_steps():
+    """Step t packs k_at(t) coefficients per chunk with masks made a step earlier for k_at(t),
+    books that many bytes, and lands on the constant k after the ramp."""
+    from scape.basis import selected_count
+    from scape.comm import step_bytes_per_rank
+
+    cfg, sim = _ramped()
+    assert [cfg.k_at(t) for t in range(1, 7)] == [4, 4, 3, 2, 1, 1]
+    booked = []
+    for t in range(1, 7):
+        result, k = sim.step(batches_for(t, 4), mse), cfg.k_at(t)
+        shards = [sim.layout.shard_size(b) for b in range(len(sim.layout.buckets))]
+        counts = shards if t == 1 else [selected_count(s, 8, k) for s in shards]
+        assert result.bytes == step_bytes_per_rank(counts, 4, 4, masks=t > 1), t
+        nexts = [selected_count(s, 8, cfg.k_at(t + 1)) for s in shards]
+        assert [m.shape[1] for m in sim.masks] == nexts, t
+        booked.append(sum(result.bytes.values()))
+    assert sim.run_bytes(6) == sum(booked)
+
+
+def test_a_ramp_is_its_starting_sparsity_while_k_holds():
+    """While the ramp's k has not moved, the run is the constant-k run bit for bit (a ramp
+    over many steps holds k=4 for its first ones)."""
+    ramp = ScapeConfig(chunk=8, k=1, ramp_start_k=4, ramp_steps=100)
+    assert [ramp.k_at(t) for t in range(1, 7)] == [4] * 6
+    sims = [Simulator(make_model(), 3, method="scape", hparams=HP, scape=cfg)
+            for cfg in (ramp, ScapeConfig(chunk=8, k=4))]  # fmt: skip
+    a, b = (run(sim, 6) for sim in sims)
+    assert [r.loss for r in a] == [r.loss for r in b]
+    assert torch.equal(flat_params(sims[0].model), flat_params(sims[1].model))
+
+
+def test_the_fused_step_runs_a_ramp_as_the_blocked_step():
+    """The GPU path (Triton's interpreter on CPU) through the ramp's changes of k."""
+    pytest.importorskip("triton")
+    (_, blocked), (_, fused) = _ramped("blocked"), _ramped("fused")
+    a, b = run(blocked, 6), run(fused, 6)
+    assert [r.bytes for r in a] == [r.bytes for r in b]
+    torch.testing.assert_close(flat_params(fused.model), flat_params(blocked.model),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert all(torch.equal(x, y) for x, y in zip(blocked.masks, fused.masks, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"k": 1, "ramp_start_k": 1, "ramp_steps": 5}, r"ramp_start_k=1 must be in \(k=1"),
+        ({"k": 1, "ramp_start_k": 4, "ramp_steps": 0}, "set both"),
+        ({"k": 1, "ramp_steps": 5}, "set both"),
+    ],
+)
+def test_a_bad_ramp_is_refused_with_the_fix(fields, match):
+    with pytest.raises(ValueError, match=match):
+        ScapeConfig(chunk=8, **fields)
+
+
+def test_a_ramp_is_written_as_sparsities():
+    cfg = ScapeConfig.from_settings({"sparsity": 0.99, "ramp_start_sparsity": 0.9,
+                                     "ramp_steps": 225})  # fmt: skip
+    assert (cfg.k, cfg.ramp_start_k, cfg.k_levels) == (1, 10, tuple(range(1, 11)))
+    assert [cfg.k_at(t) for t in (1, 2, 115, 227, 1000)] == [10, 10, 3, 1, 1]
+    with pytest.raises(ValueError, match="write ramp_start_sparsity"):
+        ScapeConfig.from_settings({"ramp_start_k": 10, "ramp_steps": 5})

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from scape.adams import AdamHParams
-from scape.config import ScapeConfig, coefficients_per_chunk, density_of
+from scape.config import ScapeConfig, coefficients_per_chunk, density_of, ramp_fields
 
 METHODS = ("adamw", "adams", "scape", "reading")
 
@@ -120,6 +120,8 @@ class VariantSpec:
             chunk = options.get("chunk", ReadingConfig.chunk)
         if chunk == 0:  # a reading's whole-shard mask: k follows from the shard's size
             return {**options, "k": 0, "density": density_of(sparsity)}
+        if self.method == "scape":  # a density ramp's start, as a count too
+            options = ramp_fields(options)
         return {**options, "k": coefficients_per_chunk(sparsity, chunk)}
 
     def scape_config(self) -> ScapeConfig | None:

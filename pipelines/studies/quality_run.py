@@ -300,6 +300,11 @@ def train_run(
             **{k: getattr(sim, k) for k in STALENESS_KEYS if hasattr(sim, k)},
             "seconds": round(before + time.perf_counter() - start, 2),
         }
+        scape_cfg = spec.variant.scape_config()
+        if scape_cfg is not None and scape_cfg.ramp_start_k:
+            # a ramp's steps send unequal bytes and only every LOG_EVERY-th is logged: its
+            # whole run's (only a ramp's record carries it, so older runs replay unchanged)
+            final["run_bytes"] = sim.run_bytes(result.step)
         write(final)
     os.replace(partial, final_path)  # the rename marks the run finished
     ckpt.unlink(missing_ok=True)

@@ -315,7 +315,7 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
 # Issue 41's early-gap candidates (variants of the quality study); each is judged at
 # EARLY_STEPS against dense AdamS and against the constant SCAPE-99, within EARLY_BUDGET x
 # the constant SCAPE-99 run's bytes.
-EARLY_CANDIDATES = ("scape99_w7",)
+EARLY_CANDIDATES = ("scape99_w7", "scape99_ramp75", "scape99_ramp225")
 EARLY_STEPS = 1500
 EARLY_BUDGET = 1.5
 
@@ -349,18 +349,23 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
             cell = gap_cell(index, model, variant, steps)
             if not cell.gaps:
                 continue
-            sparse = _step_bytes(index, model, variant, steps)
-            run = next(r for k, r in index.runs.items() if (k.model, k.variant) == (model, variant))
+            sparse = _step_bytes(index, model, "scape99", steps)
+            run = next(r for k, r in index.runs.items()
+                       if (k.model, k.variant, k.steps) == (model, variant, steps))  # fmt: skip
             warm = _dense_warmup(run)
-            ratio = ("-" if dense is None or sparse is None else
-                     f"x{(warm * dense + (steps - warm) * sparse) / (dense + (steps - 1) * sparse):.2f}")  # fmt: skip
+            # a ramp's run logs its whole run's bytes; otherwise dense warm-up, then sparse
+            spent = run.final.get("run_bytes")
+            if spent is None and dense is not None and sparse is not None:
+                spent = warm * dense + (steps - warm) * sparse
+            ratio = ("-" if spent is None or dense is None or sparse is None else
+                     f"x{spent / (dense + (steps - 1) * sparse):.2f}")  # fmt: skip
             vs = gap_cell(index, model, variant, steps, reference="scape99")
             rows.append(f"| {model} | {labels.get(variant, variant)} | {ratio} | "
                         f"{cell.lr:g}{'' if cell.closed else ' (grid open)'} | {_fmt_gap(cell.gaps)} | "
                         f"{_fmt_gap(base.gaps)} | {_fmt_gap(vs.gaps)} |")  # fmt: skip
     if not rows:
         return (f"No early-gap candidate has run at {steps:,} steps at this code version "
-                "(`make quality-queue ARGS=\"'only=[early_gap_w7_1500]'\"`).")  # fmt: skip
+                "(`make quality-queue ARGS=\"'only=[early_gap_w7_1500,early_gap_ramp_1500]'\"`).")  # fmt: skip
     return "\n".join([
         f"Candidates for SCAPE-99's early gap at {steps:,} steps whose whole run sends at most "
         f"{EARLY_BUDGET:g}x a constant SCAPE-99 run's bytes (its one dense step counted; a dense "

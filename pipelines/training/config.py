@@ -72,14 +72,21 @@ class ModelConfig:
 
 
 def _as_written(
-    name: str, config: type, *, field: str, written_as: tuple[str, type, object]
+    name: str,
+    config: type,
+    *,
+    field: str,
+    written_as: tuple[str, type, object],
+    omit: tuple[str, ...] = (),
 ) -> type:
     """``config``'s fields and defaults as a Hydra structured config, with ``field`` (the
-    library's term) replaced by ``written_as`` (the person's), read off the class itself so
-    that the two cannot drift apart."""
+    library's term) replaced by ``written_as`` (the person's) and ``omit`` left out, read off
+    the class itself so that the two cannot drift apart."""
     hints = typing.get_type_hints(config)
     fields = [
-        (f.name, hints[f.name], f.default) for f in dataclasses.fields(config) if f.name != field
+        (f.name, hints[f.name], f.default)
+        for f in dataclasses.fields(config)
+        if f.name != field and f.name not in omit
     ]
     cls = dataclasses.make_dataclass(name, [written_as, *fields])
     cls.__module__ = __name__  # so that pickle (submitit's jobs) finds it here by name
@@ -88,10 +95,12 @@ def _as_written(
 
 # What optimizer.scape.* is typed by: ScapeConfig's fields (its docstring says what each does
 # and which are inferred) with sparsity, the paper's 90% / 99%, in place of k per chunk.
-# scape_config() turns it into the library's ScapeConfig.
+# scape_config() turns it into the library's ScapeConfig. The density ramp stays a quality-
+# study candidate (the adapter does not run it), so users are not offered it.
 ScapeSettings = _as_written(
-    "ScapeSettings", ScapeConfig, field="k", written_as=("sparsity", float, DEFAULT_SPARSITY)
-)
+    "ScapeSettings", ScapeConfig, field="k", written_as=("sparsity", float, DEFAULT_SPARSITY),
+    omit=("ramp_start_k", "ramp_steps"),
+)  # fmt: skip
 
 
 @dataclass

@@ -51,6 +51,12 @@ class ScapeState:
         counter: ByteCounter | None = None,
         implementation: str | None = None,
     ) -> None:
+        if config.ramp_start_k:
+            raise ValueError(
+                f"ScapeConfig.ramp_start_k={config.ramp_start_k}: the density ramp is a quality-"
+                "study candidate the Megatron adapter does not run (its masks change size "
+                "mid-run); run it on the simulator, or set ramp_start_k=0"
+            )
         self.config = config
         self.shards = shards
         self.comm = SparseCommunicator(group, counter)

@@ -549,3 +549,14 @@ def test_checkpoint_refuses_other_sparsity_and_world_size(resumed, four):
         assert "sends 6 of every 48" in r["mismatch"]
     assert "2 data-parallel ranks, this run has 4" in four[0]["load_2rank_ckpt"]
     assert "FileNotFoundError" in four[3]["load_2rank_ckpt"]
+
+
+def test_the_adapter_refuses_a_density_ramp_with_the_fix():
+    """The ramp's masks change size mid-run; the adapter says so before it allocates."""
+    from scape.config import ScapeConfig
+    from scape.megatron.state import ScapeState
+
+    ramp = ScapeConfig(chunk=8, k=1, ramp_start_k=4, ramp_steps=3)
+    with pytest.raises(ValueError, match="ramp_start_k=4: the density ramp .* set ramp_start_k=0"):
+        ScapeState(ramp, [], group=None, device=torch.device("cpu"), grad_buffer=torch.zeros(1),
+                   decay_runs=[], eps=1e-8)  # fmt: skip
