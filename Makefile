@@ -209,7 +209,7 @@ MCORE_PY     := $(MCORE_VENV)/bin/python
 MCORE_STAMP  := $(MCORE_VENV)/.installed
 MCORE_EXTRA  := triton==3.6.0 pybind11==3.1.0
 MCORE_TESTS  := tests/megatron tests/pipelines/test_pretrain.py
-.PHONY: test-mcore-latest gpu-wheels
+.PHONY: test-mcore-latest gpu-wheels gpu-corpus
 
 $(MCORE_STAMP): $(REQS) requirements/mcore-latest.txt
 	@echo ">> creating $(MCORE_VENV): the pinned lock with megatron-core 0.19.2 (first run only, ~5 min)"
@@ -237,9 +237,23 @@ test-mcore-latest: $(MCORE_STAMP)
 # for CPython 3.12 into vendor/wheels/ (gitignored), where scripts/gpu_check.sh installs it
 # from (pip checks the hash again). ARCH=aarch64 for TACC Vista's Grace nodes.
 ARCH ?= x86_64
+# The GPU queue's corpus (scripts/gpu_quality.sh): English documentation from Debian's package
+# registry, large enough that its longest run stays under one epoch; carry
+# data/debian_docs__bytebpe1k with the tree (data_prep/docs_corpus.py).
+gpu-corpus: $(STAMP)
+	@test -f data/raw/debian_docs.jsonl.gz || $(PY) -m data_prep.docs_corpus --out data/raw/debian_docs.jsonl.gz
+	$(PY) -m pipelines.prepare data=debian_docs tokenizer=bytebpe1k
+
 gpu-wheels:
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 		--platform manylinux_2_28_$(ARCH) -r requirements/mcore-latest.txt -d vendor/wheels
+	# the quality study's configuration (scripts/gpu_quality.sh): pure-Python wheels, antlr's
+	# built here from its sdist; PyYAML's compiled one for the device's Python
+	$(PYTHON) -m pip wheel --quiet --no-deps -w vendor/wheels \
+		$$(grep -iE '^(hydra-core|omegaconf|antlr4-python3-runtime)==' requirements/cpu-lock.txt)
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux_2_17_$(ARCH) --platform manylinux2014_$(ARCH) -d vendor/wheels \
+		$$(grep -iE '^pyyaml==' requirements/cpu-lock.txt)
 
 clean-venv:
 	rm -rf $(VENV) $(MCORE_VENV)

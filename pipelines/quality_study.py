@@ -287,7 +287,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         verdict_readmes=(REPO / "README.md",) if committed else (),
         paper_sizes={name: count_params(SHAPES[key])
                      for name, key in (("Llama-500M", "llama-500m"), ("Llama-1.8B", "llama-1.8b"))},
-        data_dir=cfg.data_dir,
+        data_dir=cfg.data_dir, gpu_repo=REPO if committed else None,
     )  # fmt: skip
     print((out_dir / "summary.md").read_text(encoding="utf-8"))
     return list(index.runs)

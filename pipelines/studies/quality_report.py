@@ -57,10 +57,12 @@ def write_report(
     verdict_readmes: tuple[Path, ...] = (),
     paper_sizes: dict[str, int] | None = None,
     data_dir: str | Path | None = None,
+    gpu_repo: Path | None = None,
 ) -> RunIndex:
     """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``; the
     verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` and of each
-    of ``verdict_readmes`` (the project README, when the report is the committed one); the
+    of ``verdict_readmes`` (the project README, when the report is the committed one); with
+    ``gpu_repo``, the GPU queue's cells (:mod:`pipelines.studies.report_gpu`) into its gpu block; the
     size trend (:func:`scale_text`, toward ``paper_sizes``) into the README's scale block."""
     index = RunIndex.load(out_dir)
     keys = list(index.runs)
@@ -132,6 +134,10 @@ def write_report(
     update_block(out_dir / "README.md",
                  length_text(index, labels, verdict_models, train_tokens(data_dir)), "length")  # fmt: skip
     update_block(out_dir / "README.md", early_gap_text(index, labels, verdict_models), "early")
+    if gpu_repo is not None:  # the GPU queue's cells (pipelines.studies.report_gpu)
+        from pipelines.studies.report_gpu import gpu_text
+
+        update_block(out_dir / "README.md", gpu_text(gpu_repo, variants, labels), "gpu")
     write_runs_csv(index.all_runs, out_dir / "runs.csv")
     for model in models:
         shown = [REFERENCE, *final] if final else [REFERENCE]
