@@ -265,3 +265,20 @@ def test_a_ramp_is_written_as_sparsities():
     assert [cfg.k_at(t) for t in (1, 2, 115, 227, 1000)] == [10, 10, 3, 1, 1]
     with pytest.raises(ValueError, match="write ramp_start_sparsity"):
         ScapeConfig.from_settings({"ramp_start_k": 10, "ramp_steps": 5})
+
+
+def test_a_ramp_resumes_mid_ramp_bit_for_bit():
+    """Checkpointed at step 3 (k=3, its masks made for k=2), rebuilt and resumed: the same
+    losses and params as straight through."""
+    from scape.simulate import load_simulator_state, simulator_state
+
+    _, straight = _ramped()
+    losses = [r.loss for r in run(straight, 6)]
+    _, cut = _ramped()
+    first = [r.loss for r in run(cut, 3)]
+    state = simulator_state(cut)
+    _, resumed = _ramped()
+    load_simulator_state(resumed, state)
+    rest = [resumed.step(batches_for(t, 4), mse).loss for t in range(3, 6)]
+    assert first + rest == losses
+    assert torch.equal(flat_params(resumed.model), flat_params(straight.model))

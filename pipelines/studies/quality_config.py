@@ -126,13 +126,23 @@ class VariantSpec:
 
     def scape_config(self) -> ScapeConfig | None:
         """The library's config of a ``scape`` variant (None for every other method)."""
-        return ScapeConfig(**self.run_options()) if self.method == "scape" else None
+        if self.method != "scape":
+            return None
+        options = self.run_options()
+        if "ramp_fraction" in options:
+            raise ValueError(
+                f"options.ramp_fraction={options['ramp_fraction']}: a share of the run, so the "
+                "config exists per run (RunSpec(...).variant.scape_config())"
+            )
+        return ScapeConfig(**options)
 
     def exchanged_density(self) -> float:
-        """Fraction of values exchanged per step (1 for the dense methods)."""
+        """Fraction of values exchanged per step once any density ramp is over (1 for the
+        dense methods)."""
         options = self.run_options()
         if self.method == "scape":
-            cfg = ScapeConfig(**options)
+            ramp = ("ramp_start_k", "ramp_steps", "ramp_fraction")
+            cfg = ScapeConfig(**{k: v for k, v in options.items() if k not in ramp})
             return 1.0 if cfg.dense_warmup_steps >= 10**6 else cfg.density
         if self.method == "reading":
             chunk, k = options.get("chunk", 64), options.get("k", 1)
@@ -214,6 +224,12 @@ class RunSpec:
         # the run, its header's settings and its fingerprint all carry it
         if self.variant.clip_grad is not None:
             object.__setattr__(self, "scale", replace(self.scale, clip_grad=self.variant.clip_grad))
+        # a density ramp written as a share of the run (the study's option) is the library's
+        # ramp_steps at this run's length, so its header and fingerprint carry the steps
+        if "ramp_fraction" in self.variant.options:
+            options = dict(self.variant.options)
+            options["ramp_steps"] = round(options.pop("ramp_fraction") * self.scale.steps)
+            object.__setattr__(self, "variant", replace(self.variant, options=options))
 
     @property
     def run_id(self) -> str:

@@ -315,7 +315,7 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
 # Issue 41's early-gap candidates (variants of the quality study); each is judged at
 # EARLY_STEPS against dense AdamS and against the constant SCAPE-99, within EARLY_BUDGET x
 # the constant SCAPE-99 run's bytes.
-EARLY_CANDIDATES = ("scape99_w7", "scape99_ramp75", "scape99_ramp225")
+EARLY_CANDIDATES = ("scape99_w7", "scape99_ramp75", "scape99_ramp225", "scape99_ramp")
 EARLY_STEPS = 1500
 EARLY_BUDGET = 1.5
 

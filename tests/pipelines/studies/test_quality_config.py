@@ -19,6 +19,8 @@ def test_config_composes_and_every_variant_is_valid(compose_study) -> None:
     core = [k for k, v in cfg.variants.items() if v.core]
     assert core[:2] == ["adams", "adamw"] and {"r0_99", "r0ef_99", "r6rms_99"} <= set(core)
     for name, variant in cfg.variants.items():
+        if "ramp_fraction" in variant.options:  # configs exist per run length
+            variant = RunSpec(cfg.scale.models[0], name, variant, 0, cfg.scale, "d").variant
         built = variant.scape_config()
         assert (built is None) == (variant.method != "scape"), name
         if variant.method == "reading":
@@ -131,3 +133,23 @@ def test_fingerprint_tracks_settings_not_labels(compose_study) -> None:
                                                 "scale", "data_dir")], lr_scale=0.5)  # fmt: skip
     assert half.run_id == spec.run_id + "__lr0.5" and half.fingerprint() != spec.fingerprint()
     assert spec.run_id.endswith(f"__t{spec.scale.steps}")
+
+
+def test_a_ramp_written_as_a_share_of_the_run_becomes_its_steps():
+    """ramp_fraction (the study's) is the library's ramp_steps at each run's length, so runs
+    of two lengths carry, and are fingerprinted by, their own steps."""
+    from pipelines.studies.quality_config import ModelSpec, RunSpec, ScaleConfig, VariantSpec
+
+    ramp = VariantSpec(method="scape", options={"sparsity": 0.99, "ramp_start_sparsity": 0.9,
+                                                "ramp_fraction": 0.15})  # fmt: skip
+    model = ModelSpec(name="m", family="gpt")
+    specs = [RunSpec(model, "r", ramp, 0, ScaleConfig(name="s", steps=n), "data/x")
+             for n in (300, 1500)]  # fmt: skip
+    assert [s.variant.scape_config().ramp_steps for s in specs] == [45, 225]
+    assert specs[0].variant.scape_config().ramp_start_k == 10
+    assert specs[0].fingerprint() != specs[1].fingerprint()
+    fixed = VariantSpec(method="scape", options={"sparsity": 0.99, "ramp_start_sparsity": 0.9,
+                                                 "ramp_steps": 225})  # fmt: skip
+    same = RunSpec(model, "r", fixed, 0, ScaleConfig(name="s", steps=1500), "data/x")
+    assert same.fingerprint() == specs[1].fingerprint()  # the settings, not how they were written
+    assert ramp.exchanged_density() == 0.01  # after the ramp
