@@ -63,6 +63,11 @@ def replay_on_this_host(older: str, *, data_dir: Path, replay_dir: Path,
         tree, out = Path(tmp) / "tree", Path(tmp) / "out"
         _git("worktree", "add", "--detach", str(tree), commit)
         try:
+            if step_code(tree) == current:
+                raise SystemExit(
+                    f"host replay: commit {commit[:10]} is of code version `{current}`, today's "
+                    "own: name a commit of the older version (git log -- the step's files)"
+                )
             (out / "runs" / current).mkdir(parents=True)
             for path in ours:
                 shutil.copy2(path, out / "runs" / current / path.name)

@@ -81,6 +81,7 @@ def scape_state_dict(opt) -> dict:
         "main": st.main,
         "param_buffer": opt.param_buffer,
         "masks": None if st.masks is None else [m.long() for m in st.masks],
+        "mask_k": st.mask_k,  # a density ramp's masks change size with k
         "rng": rng,
         "bytes": st.comm.counter.snapshot(),  # informative; counters restart on resume
     }
@@ -161,18 +162,18 @@ def _validate(state: dict, opt) -> None:
         ("param_buffer", opt.param_buffer),
     ):
         _check(_same(state[name], now), f"{name} differs in shape or dtype")
-    masks = state["masks"]
+    masks, k = state["masks"], int(state.get("mask_k", st.config.k))
     if masks is not None:
         _check(len(masks) == len(st.shards), "masks for a different number of buckets")
-        for b, basis in enumerate(st.bases):
-            m = masks[b]
+        chunk = st.config.chunk
+        for b, m in enumerate(masks):
+            n = st.mask_count(b, k)
             _check(
                 m.dtype == torch.int64
-                and tuple(m.shape) == (st.world_size, basis.num_selected)
+                and tuple(m.shape) == (st.world_size, n)
                 and int(m.min()) >= 0
-                and int(m.max()) < basis.chunk,
-                f"bucket {b}: masks are not {st.world_size} x {basis.num_selected} chunk "
-                f"offsets in [0, {basis.chunk})",
+                and int(m.max()) < chunk,
+                f"bucket {b}: masks are not {st.world_size} x {n} chunk offsets in [0, {chunk})",
             )
 
 
@@ -201,7 +202,7 @@ def load_scape_state_dict(opt, state: dict) -> int:
         if st.main.data_ptr() != opt.param_buffer.data_ptr():
             st.main.copy_(state["main"])
     st.step, st.updates = int(state["step"]), int(state["updates"])
-    st.set_masks(state["masks"])
+    st.set_masks(state["masks"], int(state.get("mask_k", st.config.k)))
     st.clear_step()
     torch.set_rng_state(state["rng"]["cpu"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
@@ -241,13 +242,20 @@ def sharded_state(opt, *, is_loading: bool = False) -> dict:
         data = torch.empty_like(tensor) if is_loading else tensor.contiguous()
         return ShardedTensor.from_rank_offsets(SHARDED_PREFIX + key, data, replica_id=rank)
 
-    masks = [torch.zeros(world, b.num_selected, dtype=torch.int64, device=st.device)
-             for b in st.bases] if st.masks is None or is_loading else [m.long() for m in st.masks]  # fmt: skip
+    # Masks saved at the largest k's size (a ramp's change with k), the first columns of each
+    # row at mask_k's: the tensors to load into have one shape whatever step was saved.
+    k_max = max(st.config.k_levels)
+    masks = [torch.zeros(world, st.mask_count(b, k_max), dtype=torch.int64, device=st.device)
+             for b in range(len(st.shards))]  # fmt: skip
+    if st.masks is not None and not is_loading:
+        for padded, m in zip(masks, st.masks, strict=True):
+            padded[:, : m.shape[1]].copy_(m)
     state = {
         "moment": own("moment", st.moment),
         "main": shared("main", st.main),
         "masks": [shared(f"masks.{b}", m) for b, m in enumerate(masks)],
         "has_masks": st.masks is not None,
+        "mask_k": st.mask_k,
         "step": st.step,
         "updates": st.updates,
         "common": _common(opt),
@@ -277,7 +285,9 @@ def load_sharded(opt, state: dict) -> None:
         if st.main.data_ptr() != opt.param_buffer.data_ptr():
             opt.param_buffer.copy_(st.main)  # the model's params are the fp32 ones rounded
     st.step, st.updates = int(state["step"]), int(state["updates"])
-    st.set_masks(state["masks"] if state["has_masks"] else None)
+    k = int(state.get("mask_k", st.config.k))
+    masks = [m[:, : st.mask_count(b, k)] for b, m in enumerate(state["masks"])]
+    st.set_masks(masks if state["has_masks"] else None, k)
     st.clear_step()
     opt.check_consistency()
 

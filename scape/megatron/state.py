@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from scape.basis import selected_count
 from scape.comm import ByteCounter, SparseCommunicator
 from scape.config import ScapeConfig
 from scape.megatron.layout import BucketShard
@@ -51,12 +52,6 @@ class ScapeState:
         counter: ByteCounter | None = None,
         implementation: str | None = None,
     ) -> None:
-        if config.ramp_start_k:
-            raise ValueError(
-                f"ScapeConfig.ramp_start_k={config.ramp_start_k}: the density ramp is a quality-"
-                "study candidate the Megatron adapter does not run (its masks change size "
-                "mid-run); run it on the simulator, or set ramp_start_k=0"
-            )
         self.config = config
         self.shards = shards
         self.comm = SparseCommunicator(group, counter)
@@ -88,19 +83,23 @@ class ScapeState:
         self.step = 0  # steps taken, skipped ones included (as the simulator counts)
         self.updates = 0  # accepted steps: the rebuilt second moment's bias correction
         self.wire_dtype = WIRE_DTYPES[config.value_dtype]
-        # The sparse payloads, every bucket's a view of one buffer.
-        self._sparse_payload = torch.empty(sum(s.payload_numel(False) for s in self.steps),
-                                           dtype=self.wire_dtype, device=device)  # fmt: skip
+        # A density ramp (config.ramp_start_k) changes k from step to step: the buffers are
+        # sized once for the largest k, and a step sends at the k its masks were made for.
+        k_max = max(config.k_levels)
+        # The sparse payloads (values and a flag per bucket), every bucket's a view of one buffer.
+        self._sparse_payload = torch.empty(
+            sum(self.world_size * self.mask_count(b, k_max) + 1 for b in range(len(shards))),
+            dtype=self.wire_dtype, device=device,
+        )  # fmt: skip
         # Masks: this rank's own (every bucket's, back to back) and the gathered ones.
-        self._mask_offsets = [0]
-        for step in self.steps:
-            self._mask_offsets.append(self._mask_offsets[-1] + step.num_selected)
-        n_masks = self._mask_offsets[-1]
+        n_masks = self._mask_offsets(k_max)[-1]
         self._mask_send = torch.empty(n_masks, dtype=torch.uint8, device=device)
         self._mask_recv = [torch.empty(self.world_size * n_masks, dtype=torch.uint8,
                                        device=device) for _ in range(2)]  # fmt: skip
         self._recv_next = 0  # which receive buffer the next exchange fills
         self.masks: list[Tensor] | None = None  # for the coming step; None: not known yet
+        self.mask_k = config.k  # k of ``masks``
+        self._next_k = config.k  # k of the masks this step makes
         self.last_used_masks: list[Tensor] | None = None
         self._pending = None  # the work of a mask all-gather in flight
         # Per-step transport, filled bucket by bucket during backward.
@@ -113,48 +112,62 @@ class ScapeState:
     def own_range(self, b: int) -> tuple[int, int]:
         return self.shards[b].shard_range(self.rank)
 
+    def mask_count(self, b: int, k: int) -> int:
+        """Coefficients in one shard's mask of bucket ``b`` at ``k`` per chunk."""
+        return selected_count(self.shards[b].size, self.config.chunk, k)
+
+    def _mask_offsets(self, k: int) -> list[int]:
+        """Where each bucket's mask starts in a rank's row of masks at ``k`` (and the end)."""
+        offsets = [0]
+        for b in range(len(self.shards)):
+            offsets.append(offsets[-1] + self.mask_count(b, k))
+        return offsets
+
     def next_mask_out(self, b: int) -> Tensor:
         """Where this rank writes its mask of its own shard of bucket ``b`` for the next step."""
-        return self._mask_send[self._mask_offsets[b] : self._mask_offsets[b + 1]]
+        offsets = self._mask_offsets(self._next_k)
+        return self._mask_send[offsets[b] : offsets[b + 1]]
 
     def start_mask_exchange(self) -> None:
         """All-gather the masks this rank made of its own shards (every bucket's written into
         :meth:`next_mask_out`), asynchronously, so that the exchange hides behind the next
         forward/backward. One byte per selected coefficient (chunk offsets are below 256)."""
         self.masks = None
-        recv = self._mask_recv[self._recv_next]
-        _, work = self.comm.all_gather_masks(self._mask_send, out=recv, async_op=True)
-        self._pending = (recv, work)
+        n = self._mask_offsets(self._next_k)[-1]
+        recv = self._mask_recv[self._recv_next][: self.world_size * n]
+        _, work = self.comm.all_gather_masks(self._mask_send[:n], out=recv, async_op=True)
+        self._pending = (recv, work, self._next_k)
 
     def finish_mask_exchange(self) -> None:
         if self._pending is None:
             return
-        recv, work = self._pending
+        recv, work, k = self._pending
         self._pending = None
         if work is not None:
             work.wait()
-        self._set_masks_from(recv)
+        self._set_masks_from(recv, k)
         self._recv_next = 1 - self._recv_next
 
-    def _mask_spans(self) -> list[tuple[int, int]]:
-        """Each bucket's columns in a rank's row of the gathered masks."""
-        return list(zip(self._mask_offsets[:-1], self._mask_offsets[1:], strict=True))
+    def _set_masks_from(self, recv: Tensor, k: int) -> None:
+        offsets = self._mask_offsets(k)
+        per_rank = recv[: self.world_size * offsets[-1]].view(self.world_size, -1)
+        self.masks = [per_rank[:, lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
+        self.mask_k = k
 
-    def _set_masks_from(self, recv: Tensor) -> None:
-        per_rank = recv.view(self.world_size, -1)
-        self.masks = [per_rank[:, lo:hi] for lo, hi in self._mask_spans()]
-
-    def set_masks(self, masks: list[Tensor] | None) -> None:
-        """Install masks (W, n_b) per bucket, e.g. from a checkpoint."""
+    def set_masks(self, masks: list[Tensor] | None, k: int | None = None) -> None:
+        """Install masks (W, n_b) per bucket made at ``k`` per chunk (None: the config's), e.g.
+        from a checkpoint."""
         self.finish_mask_exchange()
         if masks is None:
             self.masks = None
             return
+        k = self.config.k if k is None else k
+        offsets = self._mask_offsets(k)
         recv = self._mask_recv[self._recv_next]
-        per_rank = recv.view(self.world_size, -1)
-        for (lo, hi), m in zip(self._mask_spans(), masks, strict=True):
+        per_rank = recv[: self.world_size * offsets[-1]].view(self.world_size, -1)
+        for lo, hi, m in zip(offsets[:-1], offsets[1:], masks, strict=True):
             per_rank[:, lo:hi].copy_(m)
-        self._set_masks_from(recv)
+        self._set_masks_from(recv, k)
         self._recv_next = 1 - self._recv_next
 
     def step_is_dense(self) -> bool:
@@ -171,9 +184,13 @@ class ScapeState:
         """This step's payload views: the sparse buffer; in the warm-up a dense one, or the
         grad buffer itself where the implementation reduces it in place."""
         dense = self.step_is_dense()
+        if self.config.ramp_start_k:  # the masks' k now, the schedule's for the ones made now
+            self._next_k = self.config.k_at(self.step + 2)  # the step being run is step + 1
+            for step in self.steps:
+                step.set_k(self.config.k if dense else self.mask_k, self._next_k)
         sizes = [step.payload_numel(dense) for step in self.steps]
         if not dense:
-            self.payload = self._sparse_payload
+            self.payload = self._sparse_payload[: sum(sizes)]
         elif self.steps[0].payload_is_grad(dense):
             self.payload = self.grad_buffer
         else:

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from scape.basis import selected_count
 from scape.comm import step_bytes_per_rank
 from scape.spawn import run_distributed
 
@@ -195,6 +196,17 @@ def _llama_cfg():
     )  # fmt: skip
 
 
+def _ramp_cfg():
+    """A density ramp from 10 to 1 per chunk of 100 over 8 sparse steps (k changes at most
+    steps), saved mid-ramp for the resume tests."""
+    from scape.config import ScapeConfig
+
+    return ScapeConfig(chunk=100, k=1, ramp_start_k=10, ramp_steps=8)
+
+
+RAMP_SAVE = 6  # steps before the ramp's checkpoint: its masks are for k_at(7)
+
+
 def _two_rank_suite(rank, world_size, ckpt_dir):
     _skip_wandb()
     from scape.config import ScapeConfig
@@ -221,6 +233,8 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
     all_dense = dataclasses.replace(every, dense_warmup_steps=6)
     out["all_dense"] = _train(rank, world_size, "tiny-llama", all_dense, _spec(), steps=6)
     out["bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=10, bf16=True)
+    out["ramp"] = _train(rank, world_size, "tiny-gpt", _ramp_cfg(), _spec(), sim=True,
+                         save_at=(RAMP_SAVE, f"{ckpt_dir}/ramp"))  # fmt: skip
     out["skip"] = _skip_and_divergence(rank, world_size)
     # The GPU path (scape.fused's Triton kernels; here under Triton's CPU interpreter) in the
     # adapter and in the simulator: every option of the Llama case, and bf16 model params.
@@ -309,20 +323,27 @@ def _resume(rank, world_size, ckpt_dir):
     out["megatron_step"], out["megatron_losses"], out["megatron_digests"] = _resume_from(
         load_distributed, f"{ckpt_dir}/megatron", rank, data
     )
+    # A density ramp saved mid-ramp (its masks at another k than the config's), both ways.
+    gpt_data = _data(SHAPES["tiny-gpt"], world_size)
+    for name, load, where in (("ramp", load_scape_checkpoint, f"{ckpt_dir}/ramp"),
+                              ("ramp_megatron", load_distributed, f"{ckpt_dir}/ramp/megatron")):  # fmt: skip
+        out[name] = _resume_from(load, where, rank, gpt_data, shape="tiny-gpt", cfg=_ramp_cfg(),
+                                 start=RAMP_SAVE)  # fmt: skip
     return out
 
 
-def _resume_from(load, ckpt, rank, data):
-    """A fresh, perturbed Llama, ``load(ckpt, opt)``, then steps 10-20: (step, losses, digests)."""
+def _resume_from(load, ckpt, rank, data, *, shape="tiny-llama", cfg=None, start=10):
+    """A fresh, perturbed model, ``load(ckpt, opt)``, then steps ``start``-20: (step, losses,
+    digests)."""
     from scape.megatron.train import sync_params, train_step
 
-    model, ddp, opt = _build("tiny-llama", _llama_cfg(), _spec(), overlap=True)
+    model, ddp, opt = _build(shape, cfg or _llama_cfg(), _spec(), overlap=True)
     with torch.no_grad():  # perturb the fresh model: everything must come from the checkpoint
         for p in model.parameters():
             p.add_(1.0)
     step = load(ckpt, opt)
     losses, digests = [], []
-    for s in range(10, STEPS):
+    for s in range(start, STEPS):
         losses.append(train_step(ddp, opt, _split(data[rank][s % 4])).loss)
         sync_params(ddp)
         digests.append(_digest(model.parameters()))
@@ -388,7 +409,33 @@ def test_two_ranks_match_the_simulator_bit_for_bit(two, case):
 
 
 CASES_2 = ["gpt", "gpt_async", "gpt_sync", "gpt_fused", "llama", "every", "all_dense", "bf16",
-           "fused_llama", "fused_bf16"]  # fmt: skip
+           "fused_llama", "fused_bf16", "ramp"]  # fmt: skip
+
+
+def test_a_density_ramp_is_the_simulators_to_the_bit(two):
+    """The ramp through Megatron: each step at the k its masks were made for, the next step's
+    masks at the schedule's k, bit for bit as the simulator; the masks' bytes follow k."""
+    cfg, run = _ramp_cfg(), two[0]["ramp"]
+    for step, s in enumerate(run["sim"], 1):
+        assert s["masks_equal"] and s["params_equal"], f"step {step}: {s['max_abs_diff']}"
+        assert s["grad_norm"][0] == s["grad_norm"][1], f"step {step}"
+    W, ring = len(two), (len(two) - 1) / len(two)
+    for t, got in enumerate(run["bytes"], 1):  # this step sends the masks of step t + 1
+        k_next = cfg.k_at(t + 1)
+        n = sum(selected_count(s, cfg.chunk, k_next) for s, _ in run["layout"])
+        assert got["masks"] == pytest.approx(W * n * ring), f"step {t}"
+    assert run["bytes"][1]["masks"] > run["bytes"][-1]["masks"]  # 10 per chunk, then 1
+
+
+@pytest.mark.parametrize("way", ["ramp", "ramp_megatron"])
+def test_a_ramp_resumes_mid_ramp_bit_identically(two, resumed, way):
+    """Saved at step 6 (masks at k_at(7) = 2 of 100), both checkpoint formats resume the same
+    steps as the run that went on."""
+    for r_first, r_resumed in zip(two, resumed, strict=True):
+        step, losses, digests = r_resumed[way]
+        assert step == RAMP_SAVE
+        assert losses == r_first["ramp"]["losses"][RAMP_SAVE:]
+        assert digests == r_first["ramp"]["digests"][RAMP_SAVE:]
 
 
 def test_the_fused_path_matches_the_simulator_bit_for_bit(two):
@@ -549,14 +596,3 @@ def test_checkpoint_refuses_other_sparsity_and_world_size(resumed, four):
         assert "sends 6 of every 48" in r["mismatch"]
     assert "2 data-parallel ranks, this run has 4" in four[0]["load_2rank_ckpt"]
     assert "FileNotFoundError" in four[3]["load_2rank_ckpt"]
-
-
-def test_the_adapter_refuses_a_density_ramp_with_the_fix():
-    """The ramp's masks change size mid-run; the adapter says so before it allocates."""
-    from scape.config import ScapeConfig
-    from scape.megatron.state import ScapeState
-
-    ramp = ScapeConfig(chunk=8, k=1, ramp_start_k=4, ramp_steps=3)
-    with pytest.raises(ValueError, match="ramp_start_k=4: the density ramp .* set ramp_start_k=0"):
-        ScapeState(ramp, [], group=None, device=torch.device("cpu"), grad_buffer=torch.zeros(1),
-                   decay_runs=[], eps=1e-8)  # fmt: skip

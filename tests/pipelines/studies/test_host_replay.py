@@ -14,3 +14,20 @@ def test_without_todays_replays_it_says_to_run_them_first(tmp_path):
     with pytest.raises(SystemExit, match="run `make quality-replay` first"):
         replay_on_this_host("HEAD", data_dir=tmp_path, replay_dir=tmp_path / "replays",
                             runs_dir=tmp_path / "runs")  # fmt: skip
+
+
+def test_a_commit_of_todays_own_version_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Naming a commit that already has today's step files would replay today's code against
+    itself: refused before anything runs."""
+    import json
+
+    from pipelines.studies import host_replay
+
+    monkeypatch.setattr(host_replay, "step_code", lambda *a, **k: "same")
+    run = tmp_path / "replays" / "same" / "m__adams__s0__t1.jsonl"
+    run.parent.mkdir(parents=True)
+    run.write_text(json.dumps({"event": "header"}) + "\n" + json.dumps({"event": "final"}) + "\n")
+    with pytest.raises(SystemExit, match="is of code version `same`, today's own") as err:
+        replay_on_this_host("HEAD", data_dir=tmp_path, replay_dir=tmp_path / "replays",
+                            runs_dir=tmp_path / "runs")  # fmt: skip
+    assert "\n" not in str(err.value)
