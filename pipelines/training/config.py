@@ -96,7 +96,8 @@ def _as_written(
 # What optimizer.scape.* is typed by: ScapeConfig's fields (its docstring says what each does
 # and which are inferred) with sparsity, the paper's 90% / 99%, in place of k per chunk.
 # scape_config() turns it into the library's ScapeConfig. The density ramp stays a quality-
-# study candidate (the adapter does not run it), so users are not offered it.
+# study candidate until it wins under the protocol (results/quality/README.md, "Early gap"),
+# so users are not offered it yet.
 ScapeSettings = _as_written(
     "ScapeSettings", ScapeConfig, field="k", written_as=("sparsity", float, DEFAULT_SPARSITY),
     omit=("ramp_start_k", "ramp_steps"),

@@ -126,7 +126,7 @@ def test_optimizer_scape_is_scape_config_with_sparsity_for_k():
     config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
     k = config.pop("k")
     assert settings.pop("sparsity") == 1 - k / config["chunk"]
-    # the density ramp is a study candidate, not offered to users (the adapter refuses it)
+    # the density ramp is a study candidate, not offered to users until it wins the protocol
     assert (config.pop("ramp_start_k"), config.pop("ramp_steps")) == (0, 0)
     assert settings == config
     assert ScapeConfig.from_settings(vars(ScapeSettings())) == ScapeConfig()
