@@ -58,9 +58,11 @@ GPU_DATA = "data/debian_docs__bytebpe1k"  # make gpu-corpus; its name is in the 
 GPU_RECORDS = "results/quality/gpu"  # runs/<code version>/<run id>.jsonl under it
 # Before any record of a model exists: seconds per step of dense AdamS on the ~52M Llama
 # (51.9M parameters, 1,000 steps in 173 s on an H200, results/gpu/gpu_quality_partial_20261204),
-# carried to other sizes by parameter count; SCAPE's simulated workers cost more per step.
+# carried to other sizes by parameter count. SCAPE's step costs more: its fused step made a
+# GPT-345M adapter step x1.56 dense AdamS's on the H200 (results/gpu/README.md); in the
+# simulator four workers' forward and backward passes share each step, so less.
 SECONDS_PER_STEP_PER_PARAM = 0.173 / 51_917_568
-SPARSE_FACTOR = 1.5
+SPARSE_FACTOR = 1.3
 START_SECONDS = 30.0  # per run: data, model, compile
 
 
