@@ -28,7 +28,13 @@ from data_prep.dataset import load_prepared, prepared_dir
 from data_prep.errors import DataPrepError
 from data_prep.progress import Progress, quiet_bars_without_terminal
 from pipelines.stage import one_line_errors
-from pipelines.training.config import ConfigError, PretrainConfig, register_configs, validate
+from pipelines.training.config import (
+    ConfigError,
+    PretrainConfig,
+    register_configs,
+    scape_config,
+    validate,
+)
 from pipelines.training.runs import claim_run_dir, run_dir_of
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
@@ -116,6 +122,10 @@ def run(cfg: PretrainConfig | DictConfig) -> dict[str, Any]:
                   else "optimizer.lr_multiplier")  # fmt: skip
         print(f"{o.label}: lr {o.scaled()['lr']:g} = train lr {o.lr:g} x {o.lr_multiplier:g} "
               f"({source}; min_lr likewise)", file=sys.stderr)  # fmt: skip
+    if o.name == "scape" and o.scape.ramp_fraction:  # what the ramp is, in steps
+        ramp = scape_config(o, cfg.train.train_steps)
+        print(f"{o.label}: density ramp {ramp.ramp_start_k} -> {ramp.k} of every {ramp.chunk} "
+              f"coefficients over the first {ramp.ramp_steps} sparse steps", file=sys.stderr)  # fmt: skip
     # Set by submitit inside its jobs: Hydra's submitit launcher (and our own Slurm jobs)
     # call this function once per task, and each task is one rank.
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":

@@ -78,29 +78,32 @@ def _as_written(
     field: str,
     written_as: tuple[str, type, object],
     omit: tuple[str, ...] = (),
+    extra: tuple[tuple[str, type, object], ...] = (),
 ) -> type:
     """``config``'s fields and defaults as a Hydra structured config, with ``field`` (the
-    library's term) replaced by ``written_as`` (the person's) and ``omit`` left out, read off
-    the class itself so that the two cannot drift apart."""
+    library's term) replaced by ``written_as`` (the person's), ``omit`` left out and ``extra``
+    added, read off the class itself so that the two cannot drift apart."""
     hints = typing.get_type_hints(config)
     fields = [
         (f.name, hints[f.name], f.default)
         for f in dataclasses.fields(config)
         if f.name != field and f.name not in omit
     ]
-    cls = dataclasses.make_dataclass(name, [written_as, *fields])
+    cls = dataclasses.make_dataclass(name, [written_as, *fields, *extra])
     cls.__module__ = __name__  # so that pickle (submitit's jobs) finds it here by name
     return cls
 
 
 # What optimizer.scape.* is typed by: ScapeConfig's fields (its docstring says what each does
 # and which are inferred) with sparsity, the paper's 90% / 99%, in place of k per chunk.
-# scape_config() turns it into the library's ScapeConfig. The density ramp stays a quality-
-# study candidate until it wins under the protocol (results/quality/README.md, "Early gap"),
-# so users are not offered it yet.
+# scape_config() turns it into the library's ScapeConfig. A density ramp is written as the
+# sparsity it starts at and the share of train.train_steps it takes (the library counts k and
+# steps): ramp_start_sparsity=0.9 ramp_fraction=0.15 is DGC's warm-up as the quality study ran
+# it (results/quality/README.md, "The early gap"); None / 0: no ramp.
 ScapeSettings = _as_written(
     "ScapeSettings", ScapeConfig, field="k", written_as=("sparsity", float, DEFAULT_SPARSITY),
     omit=("ramp_start_k", "ramp_steps"),
+    extra=(("ramp_start_sparsity", float | None, None), ("ramp_fraction", float, 0.0)),
 )  # fmt: skip
 
 
@@ -265,10 +268,24 @@ def sparsity_of(o: OptimizerConfig) -> float:
     return 0.0
 
 
-def scape_config(o: OptimizerConfig) -> ScapeConfig:
-    """The library's config of ``optimizer.scape``; an error names the user's key."""
+def scape_config(o: OptimizerConfig, train_steps: int | None = None) -> ScapeConfig:
+    """The library's config of ``optimizer.scape`` for a run of ``train_steps`` (a density
+    ramp takes a share of them; None: a run without one); an error names the user's key."""
+    settings = dict(vars(o.scape))
+    start, fraction = settings.pop("ramp_start_sparsity"), settings.pop("ramp_fraction")
+    if start is not None or fraction:
+        if start is None or not 0.0 < fraction < 1.0:
+            raise ConfigError(
+                f"optimizer.scape.ramp_start_sparsity={start} with ramp_fraction={fraction}: "
+                "a density ramp needs both (e.g. 0.9 and 0.15: 90% -> the sparsity over 15% "
+                "of train.train_steps)"
+            )
+        if train_steps is None:
+            raise ConfigError("optimizer.scape.ramp_fraction: the ramp needs the run's length")
+        settings["ramp_start_sparsity"] = start
+        settings["ramp_steps"] = max(1, round(fraction * train_steps))
     try:
-        return ScapeConfig.from_settings(vars(o.scape))
+        return ScapeConfig.from_settings(settings)
     except ValueError as err:
         # the library names its own class; the user wrote optimizer.scape.<field>
         raise ConfigError(f"optimizer.scape.{str(err).removeprefix('ScapeConfig.')}") from err
@@ -320,7 +337,7 @@ def validate(cfg: PretrainConfig) -> None:
             "must be in [0, 1) (0.9 = 90% of entries not sent)",
         )
     if o.name == "scape":
-        scape_config(o)
+        scape_config(o, t.train_steps)
     if o.name in PEERS:
         _validate_peer(cfg)
     if not 0 < o.min_lr <= o.lr:

@@ -103,7 +103,8 @@ def _megatron_scape(ctx: BuildContext):
     from scape.megatron.optimizer import build_scape_optimizer
 
     ddp = _ddp(ctx)
-    optimizer = build_scape_optimizer(ddp, _spec(ctx), scape_config(ctx.cfg.optimizer),
+    scape = scape_config(ctx.cfg.optimizer, ctx.cfg.train.train_steps)
+    optimizer = build_scape_optimizer(ddp, _spec(ctx), scape,
                                       bf16=ctx.bf16, check_every=0)  # fmt: skip
     return MegatronEngine(ctx.cfg, ddp, optimizer, ctx.data_dir, ctx.device)
 

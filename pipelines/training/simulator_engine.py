@@ -153,7 +153,7 @@ def build_simulator_engine(cfg: PretrainConfig, shape, model: nn.Module, data_di
     hparams = AdamHParams(**o.scaled())
     layout = scape = None
     if o.name == "scape":
-        scape = scape_config(o)
+        scape = scape_config(o, cfg.train.train_steps)
         layout = _megatron_layout(cfg, shape, world, device)
     simulator = Simulator(model, world, method=o.name, hparams=hparams, scape=scape,
                           layout=layout)  # fmt: skip

@@ -126,10 +126,12 @@ def test_optimizer_scape_is_scape_config_with_sparsity_for_k():
     config = {f.name: f.default for f in dataclasses.fields(ScapeConfig)}
     k = config.pop("k")
     assert settings.pop("sparsity") == 1 - k / config["chunk"]
-    # the density ramp is a study candidate, not offered to users until it wins the protocol
+    # the density ramp as a person writes it: a starting sparsity and a share of the run
     assert (config.pop("ramp_start_k"), config.pop("ramp_steps")) == (0, 0)
+    assert (settings.pop("ramp_start_sparsity"), settings.pop("ramp_fraction")) == (None, 0.0)
     assert settings == config
-    assert ScapeConfig.from_settings(vars(ScapeSettings())) == ScapeConfig()
+    plain = {k: v for k, v in vars(ScapeSettings()).items() if not k.startswith("ramp_")}
+    assert ScapeConfig.from_settings(plain) == ScapeConfig()  # (the ramp: scape_config's)
     cfg = compose(
         [
             "optimizer=scape90",
@@ -216,3 +218,16 @@ def test_the_simulator_engine_says_what_it_cannot_run(overrides, needle):
     with pytest.raises(ConfigError) as err:
         compose(overrides)
     assert needle in str(err.value)
+
+
+def test_a_density_ramp_is_a_share_of_the_run_and_errors_name_the_fix():
+    cfg = compose(["optimizer=scape99", "optimizer.scape.ramp_start_sparsity=0.9",
+                   "optimizer.scape.ramp_fraction=0.15", "train.train_steps=300"])  # fmt: skip
+    built = scape_config(cfg.optimizer, cfg.train.train_steps)
+    assert (built.k, built.ramp_start_k, built.ramp_steps) == (1, 10, 45)
+    # at start-up, in one line each
+    with pytest.raises(ConfigError, match=r"ramp_fraction=0.0: a density ramp needs both"):
+        compose(["optimizer=scape99", "optimizer.scape.ramp_start_sparsity=0.9"])
+    with pytest.raises(ConfigError, match=r"ramp_start_k=.* must be in \(k=10, chunk=100\]"):
+        compose(["optimizer=scape90", "optimizer.scape.ramp_start_sparsity=0.95",
+                 "optimizer.scape.ramp_fraction=0.1"])  # fmt: skip
