@@ -17,7 +17,7 @@ and SCAPE-99; a 3-point lr grid each; 2 seeds) run as a queue:
   window (:func:`estimate_seconds`: the records' own seconds per step where there are any).
 
 ``scripts/gpu_quality.py`` runs them and writes each finished record at once, so a cut
-window keeps what finished. Nothing here imports torch.
+window keeps what finished.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 from pipelines.studies.protocol import code_classes, load_equivalences
 from pipelines.studies.quality_config import ModelSpec, RunSpec, ScaleConfig, VariantSpec
+from pipelines.studies.quality_run import completed_log
 from pipelines.studies.run_store import run_text, run_texts
 
 __all__ = [
@@ -133,22 +134,12 @@ def done_runs(records: Path, code: str, runs: list[Queued]) -> dict[str, dict[st
     done = {}
     for run in runs:
         for version in sorted(joined, key=lambda c: c != code):
-            final = _completed(run_text(records, f"{version}/{run.run_id}.jsonl"),
-                               run.spec.fingerprint())  # fmt: skip
+            final = completed_log(run_text(records, f"{version}/{run.run_id}.jsonl"),
+                                  run.spec.fingerprint())  # fmt: skip
             if final is not None:
                 done[run.run_id] = final
                 break
     return done
-
-
-def _completed(text: str | None, fingerprint: str) -> dict[str, Any] | None:
-    lines = [] if text is None else text.splitlines()
-    if not lines:
-        return None
-    header, last = json.loads(lines[0]), json.loads(lines[-1])
-    if header.get("fingerprint") != fingerprint or last.get("event") != "final":
-        return None
-    return last
 
 
 def measured_seconds_per_step(records: Path) -> dict[tuple[str, str], float]:
