@@ -163,9 +163,10 @@ quality-replay-host: $(STAMP)
 
 # Does the recipe's per-family lr rule hold where users meet it (make reproduce-table's setting,
 # 2 seeds, x1 against the rule)? Writes results/quality/transfer_check.json (minutes), which
-# make quality-report carries to recipe.json and the configs' test.
+# make quality-report carries to recipe.json and the configs' test. RAMP=1: the density ramp's
+# check (SCAPE-99 with and without it there; results/quality/ramp_transfer.json).
 quality-transfer: $(STAMP)
-	$(PY) -m pipelines.studies.transfer_check
+	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp)
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
 # about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it
