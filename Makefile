@@ -166,7 +166,7 @@ quality-replay-host: $(STAMP)
 # make quality-report carries to recipe.json and the configs' test. RAMP=1: the density ramp's
 # check (SCAPE-99 with and without it there; results/quality/ramp_transfer.json).
 quality-transfer: $(STAMP)
-	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp)
+	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp --runs outputs/ramp_transfer)
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
 # about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it
