@@ -318,6 +318,9 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
 EARLY_CANDIDATES = ("scape99_w7", "scape99_ramp75", "scape99_ramp225", "scape99_ramp")
 EARLY_STEPS = 1500
 EARLY_BUDGET = 1.5
+# Candidates run under the protocol at every horizon (and size): shown against the constant
+# SCAPE-99 horizon by horizon.
+EARLY_FINALISTS = ("scape99_ramp",)
 
 
 def _dense_warmup(run: RunLog) -> int:
@@ -366,7 +369,7 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
     if not rows:
         return (f"No early-gap candidate has run at {steps:,} steps at this code version "
                 "(`make quality-queue ARGS=\"'only=[early_gap_w7_1500,early_gap_ramp_1500]'\"`).")  # fmt: skip
-    return "\n".join([
+    table = "\n".join([
         f"Candidates for SCAPE-99's early gap at {steps:,} steps whose whole run sends at most "
         f"{EARLY_BUDGET:g}x a constant SCAPE-99 run's bytes (its one dense step counted; a dense "
         "step's bytes read off the dense AdamS run, a sparse step's off the candidate's), each at "
@@ -374,3 +377,33 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
         "| model | candidate | bytes vs constant SCAPE-99 | lr x | gap to dense AdamS | constant "
         "SCAPE-99's gap | candidate vs constant SCAPE-99 |",
         "| --- | --- | --- | --- | --- | --- | --- |", *rows])  # fmt: skip
+    return "\n\n".join([table, *_by_horizon(index, labels, models)])
+
+
+def _by_horizon(index: RunIndex, labels: dict[str, str], models: list[str]) -> list[str]:
+    """Each :data:`EARLY_FINALISTS` candidate against the constant SCAPE-99, every horizon
+    (and every size of the size family) where both ran, each at its own chosen lr."""
+    sized = [m for m in size_models(index) if m not in models]
+    out = []
+    for variant in EARLY_FINALISTS:
+        horizons = sorted({k.steps for k in index.runs if k.variant == variant})
+        rows = []
+        for model in [*models, *sized]:
+            cells = []
+            for steps in horizons:
+                vs = gap_cell(index, model, variant, steps, reference="scape99")
+                own = gap_cell(index, model, variant, steps)
+                cells.append("-" if not vs.gaps else
+                             f"{_fmt_gap(vs.gaps)} (lr x{own.lr:g}{'' if own.closed else ', grid open'})")  # fmt: skip
+            if any(c != "-" for c in cells):
+                params = index.params(model)
+                name = f"{model} ({params / 1e6:.2f}M)" if params else model
+                rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        if rows:
+            out.append("\n".join([
+                f"{labels.get(variant, variant)} against the constant SCAPE-99 by training "
+                "length (each at the lr chosen over its seeds, paired by seed; its gap to dense "
+                "AdamS is in the finalists table):", "",
+                "| model | " + " | ".join(f"{h:,} steps" for h in horizons) + " |",
+                "| --- | " + " | ".join("---" for _ in horizons) + " |", *rows]))  # fmt: skip
+    return out

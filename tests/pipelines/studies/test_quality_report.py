@@ -529,6 +529,31 @@ def test_the_early_gap_table_counts_every_runs_bytes_against_a_constant_scape99(
     assert "| +10.0 ± 0.0% (n=2) | -2.3 ± 0.0% (n=2) |" in text
 
 
+def test_a_ramp_counts_its_logged_run_bytes_and_stands_by_training_length():
+    """A ramp's steps send unequal bytes: the table reads its whole run's (``run_bytes``);
+    the protocol's candidate is shown against the constant SCAPE-99 at every horizon run."""
+    from pipelines.studies.report_prose import early_gap_text
+
+    runs = []
+    for steps in (300, 1500):
+        runs += _grid("adams", "llama", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]},
+                      steps=steps)  # fmt: skip
+        runs += _grid("scape99", "llama", {0.5: [4.5, 4.5], 1.0: [4.4, 4.4], 2.0: [4.6, 4.6]},
+                      steps=steps)  # fmt: skip
+        runs += _grid("scape99_ramp", "llama", {0.5: [4.4, 4.4], 1.0: [4.3, 4.3],
+                                                2.0: [4.5, 4.5]}, steps=steps)  # fmt: skip
+    for run in runs:
+        run.header["settings"] = {"variant": {"options": {}}}
+        run.steps[0]["step"] = 10
+        run.steps[0]["bytes"] = 100.0 if run.header["variant"] == "adams" else 1.0
+        if run.header["variant"] == "scape99_ramp":
+            run.final["run_bytes"] = 2.0 * (100 + run.header["steps"] - 1)  # twice a constant's
+    text = early_gap_text(RunIndex(runs), {"scape99_ramp": "R"}, ["llama"])
+    assert "| llama | R | x2.00 | 1 | +7.5 ± 0.0% (n=2) |" in text
+    assert "| model | 300 steps | 1,500 steps |" in text
+    assert "| -2.3 ± 0.0% (n=2) (lr x1) | -2.3 ± 0.0% (n=2) (lr x1) |" in text
+
+
 def test_a_family_rule_ships_only_where_the_transfer_check_holds():
     from pipelines.studies.recipe import family_multipliers, ship
     from pipelines.studies.transfer_check import holds
