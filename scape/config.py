@@ -62,7 +62,8 @@ class ScapeConfig:
         candidate): the first sparse step sends ``ramp_start_k`` coefficients per chunk, and
         k falls exponentially to ``k`` over ``ramp_steps`` sparse steps (:meth:`k_at`).
         0, 0: none, every sparse step sends k ("Early gap": whether it closes the early gap
-        within a byte budget). The simulator runs it; the Megatron adapter refuses it.
+        within a byte budget). A step sends at the k its masks were made for (after a skipped
+        step, the masks it did not use), and makes the next step's at ``k_at(step + 1)``.
     """
 
     chunk: int = 100

@@ -128,6 +128,7 @@ class Simulator:
         self.updates = 0  # accepted steps (the rebuilt second moment's bias correction)
         # masks[b]: (W, n) the shards' masks for the coming step; None before the first
         self.masks: list[Tensor] | None = None
+        self.mask_k = cfg.k  # k of ``masks`` (a density ramp's change step to step)
         self.last_used_masks: list[Tensor] | None = None  # for tests and studies
         self.last_synced: list[Tensor] | None = None  # see last_q
 
@@ -268,7 +269,9 @@ class Simulator:
 
     def run_bytes(self, steps: int) -> float:
         """Bytes per rank of a SCAPE run's first ``steps`` steps, every kind: what its steps'
-        byte records sum to (the dense warm-up, then each step's k), without running them."""
+        byte records sum to (the dense warm-up, then each step's k), without running them.
+        (A step after a skipped one sends at its masks' k, the skipped step's, so a run with
+        skips mid-ramp books a little more.)"""
         cfg = self.scape
         return sum(
             sum(self.bytes_per_step(t <= cfg.dense_warmup_steps, cfg.k_at(t)).values())
@@ -281,10 +284,11 @@ class Simulator:
         self.step_count = t
         fresh = self._flat_grads(grads)
         dense = t <= cfg.dense_warmup_steps or self.masks is None
-        if cfg.ramp_start_k:  # this step's k, and the next step's for the masks made now
+        k_now = cfg.k if dense else self.mask_k  # the k its masks were made for
+        if cfg.ramp_start_k:  # ... and the schedule's for the masks made now
             for steps in self.steps:
                 for step in steps:
-                    step.set_k(cfg.k_at(t), cfg.k_at(t + 1))
+                    step.set_k(k_now, cfg.k_at(t + 1))
             self.bases = [step.basis for step in self.steps[0]]
         bytes_ = self.bytes_per_step(dense)
         wire_dtype = WIRE_DTYPES[cfg.value_dtype]
@@ -338,9 +342,9 @@ class Simulator:
         self.last_synced = synced  # the summed buffers every rank stepped with (last_q)
         overlap = None
         if new_masks is not None:
-            if self.last_used_masks is not None and cfg.k_at(t) == cfg.k_at(t + 1):
+            if self.last_used_masks is not None and k_now == cfg.k_at(t + 1):
                 overlap = _overlap(self.bases, self.last_used_masks, new_masks)
-            self.masks = new_masks
+            self.masks, self.mask_k = new_masks, cfg.k_at(t + 1)
         return StepResult(t, loss, float(norm), False, bytes_, mask_overlap=overlap,
                           moment_norm=float(self.moment.norm()))  # fmt: skip
 

@@ -282,3 +282,22 @@ def test_a_ramp_resumes_mid_ramp_bit_for_bit():
     rest = [resumed.step(batches_for(t, 4), mse).loss for t in range(3, 6)]
     assert first + rest == losses
     assert torch.equal(flat_params(resumed.model), flat_params(straight.model))
+
+
+def test_after_a_skipped_ramp_step_the_next_sends_at_its_masks_k():
+    """A non-finite step mid-ramp changes nothing; the next step uses the masks the skipped
+    one did not (made for the skipped step's k), and makes its own at the schedule's k."""
+    from scape.basis import selected_count
+    from scape.comm import step_bytes_per_rank
+
+    cfg, sim = _ramped()
+    for t in range(1, 3):
+        sim.step(batches_for(t, 4), mse)
+    poisoned = batches_for(3, 4)
+    poisoned[1] = (poisoned[1][0] * float("nan"), poisoned[1][1])
+    assert sim.step(poisoned, mse).skipped  # step 3, masks for k_at(3) = 3 kept
+    result = sim.step(batches_for(4, 4), mse)  # step 4 sends at 3, makes masks at k_at(5)
+    shards = [sim.layout.shard_size(b) for b in range(len(sim.layout.buckets))]
+    counts = [selected_count(s, 8, cfg.k_at(3)) for s in shards]
+    assert result.bytes == step_bytes_per_rank(counts, 4, 4, masks=True)
+    assert [m.shape[1] for m in sim.masks] == [selected_count(s, 8, cfg.k_at(5)) for s in shards]
