@@ -403,7 +403,7 @@ def _by_horizon(index: RunIndex, labels: dict[str, str], models: list[str]) -> l
             out.append("\n".join([
                 f"{labels.get(variant, variant)} against the constant SCAPE-99 by training "
                 "length (each at the lr chosen over its seeds, paired by seed; its gap to dense "
-                "AdamS is in the finalists table):", "",
+                "AdamS: summary.md's finalists table and gap_vs_steps.png):", "",
                 "| model | " + " | ".join(f"{h:,} steps" for h in horizons) + " |",
                 "| --- | " + " | ".join("---" for _ in horizons) + " |", *rows]))  # fmt: skip
     return out
