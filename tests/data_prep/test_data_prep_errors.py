@@ -33,9 +33,9 @@ def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess[str]
 def test_cli_unknown_name_and_missing_file(tmp_path) -> None:
     unknown = run_cli("data=nope", tmp_path=tmp_path)
     assert unknown.returncode != 0
+    names = ", ".join(sorted(p.stem for p in (REPO / "conf" / "data").glob("*.yaml")))
     assert unknown.stderr.splitlines() == [
-        "error: unknown data 'nope'; use one of: enwiki_sample, local_files, openwebtext, "
-        "slimpajama_6b (or add conf/data/nope.yaml)"
+        f"error: unknown data 'nope'; use one of: {names} (or add conf/data/nope.yaml)"
     ]
     missing = run_cli(
         "data=local_files",

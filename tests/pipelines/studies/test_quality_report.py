@@ -98,9 +98,8 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
                        for k, r in list(index.runs.items()) for v in ("scape90", "scape99")})  # fmt: skip
     from pipelines.studies.report_prose import verdict_text
 
-    assert "(code version `aaa`, with `ccc`, which replays showed to compute the same bits)" in (
-        verdict_text(index, ["m"])
-    )
+    assert ("(code version `aaa`, and 1 other version that replays showed to compute the same "
+            "bits, results/quality/runs/equivalent.json)") in verdict_text(index, ["m"])  # fmt: skip
 
 
 def test_costs_at_the_paper_shape() -> None:
