@@ -86,6 +86,7 @@ class ScapeState:
         # A density ramp (config.ramp_start_k) changes k from step to step: the buffers are
         # sized once for the largest k, and a step sends at the k its masks were made for.
         k_max = max(config.k_levels)
+        self._offsets_by_k: dict[int, list[int]] = {}
         # The sparse payloads (values and a flag per bucket), every bucket's a view of one buffer.
         self._sparse_payload = torch.empty(
             sum(self.world_size * self.mask_count(b, k_max) + 1 for b in range(len(shards))),
@@ -117,11 +118,14 @@ class ScapeState:
         return selected_count(self.shards[b].size, self.config.chunk, k)
 
     def _mask_offsets(self, k: int) -> list[int]:
-        """Where each bucket's mask starts in a rank's row of masks at ``k`` (and the end)."""
-        offsets = [0]
-        for b in range(len(self.shards)):
-            offsets.append(offsets[-1] + self.mask_count(b, k))
-        return offsets
+        """Where each bucket's mask starts in a rank's row of masks at ``k`` (and the end);
+        computed once per k (every bucket's mask asks for them, every step)."""
+        if k not in self._offsets_by_k:
+            offsets = [0]
+            for b in range(len(self.shards)):
+                offsets.append(offsets[-1] + self.mask_count(b, k))
+            self._offsets_by_k[k] = offsets
+        return self._offsets_by_k[k]
 
     def next_mask_out(self, b: int) -> Tensor:
         """Where this rank writes its mask of its own shard of bucket ``b`` for the next step."""
