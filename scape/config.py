@@ -24,6 +24,7 @@ __all__ = [
     "coefficients_per_chunk",
     "density_of",
     "ramp_fields",
+    "ramp_steps_for",
 ]
 
 UPDATES = ("rms", "sign")
@@ -174,6 +175,15 @@ def ramp_fields(options: Mapping[str, Any]) -> dict[str, Any]:
             start, fields.get("chunk", ScapeConfig.chunk)
         )
     return fields
+
+
+def ramp_steps_for(fraction: float, train_steps: int) -> int:
+    """A density ramp over ``fraction`` of a run of ``train_steps`` as the library's
+    ``ramp_steps``: the share rounded to whole steps, at least one. The one conversion the
+    pretrain stage and the quality study both use, so a share means the same run in each."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"ramp_fraction={fraction} must be in (0, 1): a share of the run's steps")
+    return max(1, round(fraction * train_steps))
 
 
 def density_of(sparsity: float) -> float:

@@ -267,6 +267,15 @@ def test_a_ramp_is_written_as_sparsities():
         ScapeConfig.from_settings({"ramp_start_k": 10, "ramp_steps": 5})
 
 
+def test_a_share_of_the_run_is_whole_steps_at_least_one():
+    from scape.config import ramp_steps_for
+
+    assert [ramp_steps_for(0.15, n) for n in (300, 1500, 3000, 3, 1)] == [45, 225, 450, 1, 1]
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match=f"ramp_fraction={bad} must be in"):
+            ramp_steps_for(bad, 100)
+
+
 def test_a_ramp_resumes_mid_ramp_bit_for_bit():
     """Checkpointed at step 3 (k=3, its masks made for k=2), rebuilt and resumed: the same
     losses and params as straight through."""

@@ -16,7 +16,13 @@ from typing import Any
 from omegaconf import MISSING
 
 from scape.adams import AdamHParams
-from scape.config import ScapeConfig, coefficients_per_chunk, density_of, ramp_fields
+from scape.config import (
+    ScapeConfig,
+    coefficients_per_chunk,
+    density_of,
+    ramp_fields,
+    ramp_steps_for,
+)
 
 METHODS = ("adamw", "adams", "scape", "reading")
 
@@ -228,7 +234,7 @@ class RunSpec:
         # ramp_steps at this run's length, so its header and fingerprint carry the steps
         if "ramp_fraction" in self.variant.options:
             options = dict(self.variant.options)
-            options["ramp_steps"] = round(options.pop("ramp_fraction") * self.scale.steps)
+            options["ramp_steps"] = ramp_steps_for(options.pop("ramp_fraction"), self.scale.steps)
             object.__setattr__(self, "variant", replace(self.variant, options=options))
 
     @property

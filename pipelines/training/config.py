@@ -18,7 +18,7 @@ from omegaconf import MISSING
 
 from data_prep.config import DataConfig, TokenizerConfig
 from scape.adams import AdamHParams
-from scape.config import DEFAULT_SPARSITY, ScapeConfig
+from scape.config import DEFAULT_SPARSITY, ScapeConfig, ramp_steps_for
 
 __all__ = [
     "ClusterConfig",
@@ -270,20 +270,20 @@ def sparsity_of(o: OptimizerConfig) -> float:
 
 def scape_config(o: OptimizerConfig, train_steps: int | None = None) -> ScapeConfig:
     """The library's config of ``optimizer.scape`` for a run of ``train_steps`` (a density
-    ramp takes a share of them; None: a run without one); an error names the user's key."""
+    ramp takes a share of them); None: the steady state after any ramp (what a step sends
+    once the ramp is over, for byte formulas). An error names the user's key."""
     settings = dict(vars(o.scape))
     start, fraction = settings.pop("ramp_start_sparsity"), settings.pop("ramp_fraction")
-    if start is not None or fraction:
-        if start is None or not 0.0 < fraction < 1.0:
-            raise ConfigError(
-                f"optimizer.scape.ramp_start_sparsity={start} with ramp_fraction={fraction}: "
-                "a density ramp needs both (e.g. 0.9 and 0.15: 90% -> the sparsity over 15% "
-                "of train.train_steps)"
-            )
-        if train_steps is None:
-            raise ConfigError("optimizer.scape.ramp_fraction: the ramp needs the run's length")
+    ramp = start is not None or fraction
+    if ramp and (start is None or not 0.0 < fraction < 1.0):
+        raise ConfigError(
+            f"optimizer.scape.ramp_start_sparsity={start} with ramp_fraction={fraction}: "
+            "a density ramp needs both (e.g. 0.9 and 0.15: 90% -> the sparsity over 15% "
+            "of train.train_steps); no ramp: ramp_start_sparsity=null ramp_fraction=0"
+        )
+    if start is not None and train_steps is not None:
         settings["ramp_start_sparsity"] = start
-        settings["ramp_steps"] = max(1, round(fraction * train_steps))
+        settings["ramp_steps"] = ramp_steps_for(fraction, train_steps)
     try:
         return ScapeConfig.from_settings(settings)
     except ValueError as err:
