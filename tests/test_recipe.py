@@ -23,9 +23,16 @@ FAMILY_MODELS = {"gpt": "tiny_gpt", "llama": "tiny_llama"}
 @pytest.mark.parametrize("variant", ["scape90", "scape99"])
 def test_the_configs_lr_multiplier_per_family_is_the_recipes(variant: str) -> None:
     from pipelines.studies.recipe import family_multipliers
+    from pipelines.studies.report_stats import SHIPPED_CONFIGS, VERDICT_METHODS
 
+    # each shipped config is one verdict method's study variant (SCAPE-99: its ramp)
+    assert sorted(SHIPPED_CONFIGS) == sorted(v for _, v, _ in VERDICT_METHODS)
     recipe = json.loads((REPO / "results" / "quality" / "recipe.json").read_text())
-    expected = family_multipliers(recipe, variant)
+    study_variant = next(v for v, c in SHIPPED_CONFIGS.items() if c == variant)
+    assert study_variant in recipe["methods"], (
+        f"recipe.json has no {study_variant}: make quality-report"
+    )
+    expected = family_multipliers(recipe, study_variant)
     assert set(expected) == set(FAMILY_MODELS), expected  # the recipe speaks for every family
     for family, model in FAMILY_MODELS.items():
         cfg = compose([f"optimizer={variant}", f"model={model}"])

@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-from pipelines.studies.report_stats import VERDICT_METHODS, WIRE_PAIRS, paired_rows
+from pipelines.studies.report_stats import SHIPPED_CONFIGS, VERDICT_METHODS, WIRE_PAIRS, paired_rows
 from pipelines.studies.run_index import REFERENCE, RunIndex
 
 __all__ = [
@@ -82,7 +82,7 @@ def recipe(index: RunIndex, models: list[str]) -> dict[str, Any]:
     horizon where both grids are closed (``ratios``, at ``steps``; None where none is);
     ``multiplier`` where every such model has a ratio at >= :data:`RECIPE_MIN_STEPS` and all
     agree; and per model family (``families``) the configs' rule (:func:`family_rule`), which
-    conf/optimizer/<variant>.yaml carries as ``lr_multiplier_by_family``. Shorter horizons
+    conf/optimizer/<SHIPPED_CONFIGS[variant]>.yaml carries as ``lr_multiplier_by_family``. Shorter horizons
     give evidence, never a rule (the best lr moves with the horizon)."""
     out: dict[str, Any] = {"code": index.code, "commits": index.commits,
                            "min_steps": RECIPE_MIN_STEPS, "family_sizes": RECIPE_FAMILY_SIZES,
@@ -133,8 +133,11 @@ def ship(rec: dict[str, Any], transfer: dict[str, Any] | None) -> dict[str, Any]
 
 
 def family_multipliers(rec: dict[str, Any], variant: str) -> dict[str, float]:
-    """The per-family multipliers the configs carry for ``variant`` (:func:`ship`)."""
-    families = rec["methods"].get(variant, {}).get("families", {})
+    """The per-family multipliers the configs carry for ``variant`` (:func:`ship`): a study
+    variant, or the name of the shipped config it runs (:data:`SHIPPED_CONFIGS`)."""
+    by_config = {config: v for v, config in SHIPPED_CONFIGS.items()}
+    families = rec["methods"].get(variant, rec["methods"].get(by_config.get(variant), {})
+                                  ).get("families", {})  # fmt: skip
     return {f: float(entry.get("shipped", entry["multiplier"] or 1.0))
             for f, entry in families.items()}  # fmt: skip
 
@@ -171,7 +174,8 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
         )  # fmt: skip
         if entry["multiplier"] is not None:
             lines.append(f"- **{label}**: lr x{entry['multiplier']:g} dense AdamS's on every "
-                         f"model ({seen}); `conf/optimizer/{variant}.yaml` carries it as "
+                         f"model ({seen}); `conf/optimizer/{SHIPPED_CONFIGS[variant]}.yaml` "
+                         "carries it as "
                          "`lr_multiplier`.")  # fmt: skip
             continue
         known = sorted({r for r in entry["ratios"].values() if r is not None})

@@ -13,6 +13,7 @@ from pathlib import Path
 from pipelines.studies.report_stats import (
     ADAMW,
     CLIP_PAIRS,
+    CONSTANT_99,
     SIZE_FAMILY,
     VERDICT_FINALISTS,
     VERDICT_METHODS,
@@ -149,7 +150,8 @@ def verdict_text(index: RunIndex, models: list[str]) -> str:
                 against = f", {_fmt_gap(to_adamw.gaps)} against dense AdamW ({w_order})"
             parts.append(f"{_fmt_gap(cell.gaps)} on {model} ({index.params_text(model)}; "
                          f"{order}{grid}){against}")  # fmt: skip
-        sentences.append(f"At {sparsity} sparsity {label} ends " + "; ".join(parts) + ".")
+        sentences.append(f"At {sparsity} sparsity{ramp_text(index, variant, steps, models)} "
+                         f"{label} ends " + "; ".join(parts) + ".")  # fmt: skip
     shown = {REFERENCE, *(v for _, v, _ in VERDICT_METHODS)}
     made = {r.commit for k, r in index.runs.items()
             if k.steps == steps and k.variant in shown and k.model in models and r.commit}  # fmt: skip
@@ -231,7 +233,8 @@ def finalists_text(
                   "its update q's).", "", clipped]  # fmt: skip
     if len(size_models(index)) >= 2:
         parts += ["", f"Gap against model size ({SIZE_FAMILY}; `gap_vs_steps.png`, last panel):",
-                  "", size_table(index, ["scape90", "scape99"], labels, horizons)]  # fmt: skip
+                  "", size_table(index, ["scape90", CONSTANT_99, "scape99_ramp"], labels,
+                                     horizons)]  # fmt: skip
     return "\n".join(parts)
 
 
@@ -341,6 +344,45 @@ def _step_bytes(index: RunIndex, model: str, variant: str, steps: int) -> float 
     return None
 
 
+def bytes_vs_constant(index: RunIndex, model: str, variant: str, steps: int) -> float | None:
+    """A run of ``variant``'s whole bytes over a constant SCAPE-99 run's (its one dense step
+    at dense AdamS's logged bytes, the rest at the constant run's sparse step): a ramp's from
+    its final record's ``run_bytes``, a dense warm-up's from its step count; None when a
+    side has not run."""
+    run = next((r for k, r in index.runs.items()
+                if (k.model, k.variant, k.steps) == (model, variant, steps)), None)  # fmt: skip
+    dense = _step_bytes(index, model, REFERENCE, steps)
+    sparse = _step_bytes(index, model, CONSTANT_99, steps)
+    if run is None or dense is None or sparse is None:
+        return None
+    warm = _dense_warmup(run)
+    # a ramp's run logs its whole run's bytes; otherwise dense warm-up, then sparse
+    spent = run.final.get("run_bytes")
+    if spent is None:
+        spent = warm * dense + (steps - warm) * sparse
+    return spent / (dense + (steps - 1) * sparse)
+
+
+def ramp_text(index: RunIndex, variant: str, steps: int, models: list[str]) -> str:
+    """How a ramped variant's runs at ``steps`` start and what that costs in bytes, read off
+    their headers and records ("" for a variant without a ramp)."""
+    runs = [r for k, r in index.runs.items() if (k.variant, k.steps) == (variant, steps)]
+    options = [((r.header.get("settings") or {}).get("variant") or {}).get("options") or {}
+               for r in runs]  # fmt: skip
+    ramped = [o for o in options if o.get("ramp_steps")]
+    if not ramped:
+        return ""
+    share = ramped[0]["ramp_steps"] / steps
+    ratios = [x for m in models if (x := bytes_vs_constant(index, m, variant, steps))]
+    cost = ("" if not ratios else
+            f", x{min(ratios):.2f}" + (f"-{max(ratios):.2f}" if max(ratios) - min(ratios) >= 0.005
+                                       else "") + " a constant 99% run's bytes")  # fmt: skip
+    return (
+        f" (after a density ramp from {ramped[0]['ramp_start_sparsity']:.0%} over the first "
+        f"{share:.0%} of steps{cost})"
+    )
+
+
 def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -> str:
     """The early-gap search within a byte budget: each candidate at :data:`EARLY_STEPS`, its
     whole run's bytes against a constant SCAPE-99 run's (warm-up steps at a dense step's
@@ -348,23 +390,14 @@ def early_gap_text(index: RunIndex, labels: dict[str, str], models: list[str]) -
     its gap to dense AdamS and to the constant SCAPE-99, each at its own chosen lr."""
     steps, rows = EARLY_STEPS, []
     for model in models:
-        dense = _step_bytes(index, model, REFERENCE, steps)
-        base = gap_cell(index, model, "scape99", steps)
+        base = gap_cell(index, model, CONSTANT_99, steps)
         for variant in EARLY_CANDIDATES:
             cell = gap_cell(index, model, variant, steps)
             if not cell.gaps:
                 continue
-            sparse = _step_bytes(index, model, "scape99", steps)
-            run = next(r for k, r in index.runs.items()
-                       if (k.model, k.variant, k.steps) == (model, variant, steps))  # fmt: skip
-            warm = _dense_warmup(run)
-            # a ramp's run logs its whole run's bytes; otherwise dense warm-up, then sparse
-            spent = run.final.get("run_bytes")
-            if spent is None and dense is not None and sparse is not None:
-                spent = warm * dense + (steps - warm) * sparse
-            ratio = ("-" if spent is None or dense is None or sparse is None else
-                     f"x{spent / (dense + (steps - 1) * sparse):.2f}")  # fmt: skip
-            vs = gap_cell(index, model, variant, steps, reference="scape99")
+            spent = bytes_vs_constant(index, model, variant, steps)
+            ratio = "-" if spent is None else f"x{spent:.2f}"
+            vs = gap_cell(index, model, variant, steps, reference=CONSTANT_99)
             rows.append(f"| {model} | {labels.get(variant, variant)} | {ratio} | "
                         f"{cell.lr:g}{'' if cell.closed else ' (grid open)'} | {_fmt_gap(cell.gaps)} | "
                         f"{_fmt_gap(base.gaps)} | {_fmt_gap(vs.gaps)} |")  # fmt: skip
@@ -393,7 +426,7 @@ def _by_horizon(index: RunIndex, labels: dict[str, str], models: list[str]) -> l
         for model in [*models, *sized]:
             cells = []
             for steps in horizons:
-                vs = gap_cell(index, model, variant, steps, reference="scape99")
+                vs = gap_cell(index, model, variant, steps, reference=CONSTANT_99)
                 own = gap_cell(index, model, variant, steps)
                 cells.append("-" if not vs.gaps else
                              f"{_fmt_gap(vs.gaps)} (lr x{own.lr:g}{'' if own.closed else ', grid open'})")  # fmt: skip

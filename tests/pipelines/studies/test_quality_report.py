@@ -9,9 +9,11 @@ import pytest
 
 from pipelines.studies.quality_config import VariantSpec
 from pipelines.studies.reading_costs import reading_cost
-from pipelines.studies.report_stats import gap_cell
+from pipelines.studies.report_stats import VERDICT_METHODS, gap_cell
 from pipelines.studies.report_tables import lr_table, staleness_table
 from pipelines.studies.run_index import RunIndex, RunLog
+
+S99 = VERDICT_METHODS[1][1]  # the verdict's SCAPE-99: the shipped config's study variant
 
 
 def _log(variant: str, val: float, seed: int, *, steps=100, lr=1.0, diverged=False, code=None):
@@ -95,7 +97,7 @@ def test_versions_a_replay_joined_share_the_tables_and_the_provenance_says_so() 
     )
     # the same runs standing in for both SCAPE finalists too: a verdict to word
     index.runs.update({dataclasses.replace(k, variant=v): r
-                       for k, r in list(index.runs.items()) for v in ("scape90", "scape99")})  # fmt: skip
+                       for k, r in list(index.runs.items()) for v in ("scape90", S99)})  # fmt: skip
     from pipelines.studies.report_prose import verdict_text
 
     assert ("(code version `aaa`, and 1 other version that replays showed to compute the same "
@@ -175,7 +177,7 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
         for model in ("llama", "gpt"):
             runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]})
             runs += _grid("scape90", model, {1.0: [4.04, 3.96]})
-            runs += _grid("scape99", model, {0.5: [5.0, 5.0], 1.0: [scape99_loss] * 2,
+            runs += _grid(S99, model, {0.5: [5.0, 5.0], 1.0: [scape99_loss] * 2,
                                              2.0: [5.0, 5.0]})  # fmt: skip
         return RunIndex(runs)
 
@@ -190,7 +192,7 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
     assert verdict_text(RunIndex([]), ["llama"]).startswith("No verdict at one code version")
     # A longer horizon run only in part (one lr: every grid open) does not displace a
     # shorter one whose grids are all closed; with none closed, the longest run is used.
-    partial = [r for m in ("llama", "gpt") for v in ("adams", "scape90", "scape99")
+    partial = [r for m in ("llama", "gpt") for v in ("adams", "scape90", S99)
                for r in _grid(v, m, {1.0: [3.0, 3.0]}, steps=200)]  # fmt: skip
     closing = [r for m in ("llama", "gpt")
                for r in _grid("scape90", m, {0.5: [4.1, 4.1], 2.0: [4.1, 4.1]})]  # fmt: skip
@@ -215,16 +217,16 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
     runs = []
     for model in ("llama", "gpt"):
         runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.3]})
-        runs += _grid("scape99", model, {1.0: [5.0, 5.0], 2.0: [4.5, 4.5], 4.0: [4.9, 4.9]})
+        runs += _grid(S99, model, {1.0: [5.0, 5.0], 2.0: [4.5, 4.5], 4.0: [4.9, 4.9]})
         runs += _grid("scape90", model, {1.0: [4.0, 4.0]})  # one point: never closed
-    short = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
+    short = recipe(RunIndex(runs), ["llama", "gpt"])["methods"][S99]
     short.pop("families")
     assert short == {"multiplier": None, "steps": {"llama": 100, "gpt": 100},
                      "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     for run in runs:  # the same runs at a horizon long enough for a rule
         run.header["steps"] = 1500
     out = recipe(RunIndex(runs), ["llama", "gpt"])
-    assert {k: v for k, v in out["methods"]["scape99"].items() if k != "families"} == {
+    assert {k: v for k, v in out["methods"][S99].items() if k != "families"} == {
         "multiplier": 2.0, "steps": {"llama": 1500, "gpt": 1500},
                                          "ratios": {"llama": 2.0, "gpt": 2.0}}  # fmt: skip
     assert out["methods"]["scape90"]["multiplier"] is None and out["code"] == "v"
@@ -234,15 +236,15 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
     assert "**SCAPE-90**: no rule" in text and "llama (0.22M): grids not closed" in text
     # a third model that ran the method, with a closed grid at another ratio, withdraws it
     big = _grid("adams", "llama192", {0.5: [4.2], 1.0: [4.0], 2.0: [4.1]}, steps=1500)
-    big += _grid("scape99", "llama192", {2.0: [4.6], 4.0: [4.4], 8.0: [4.7]}, steps=1500)
-    both = recipe(RunIndex(runs + big), ["llama", "gpt", "llama192"])["methods"]["scape99"]
+    big += _grid(S99, "llama192", {2.0: [4.6], 4.0: [4.4], 8.0: [4.7]}, steps=1500)
+    both = recipe(RunIndex(runs + big), ["llama", "gpt", "llama192"])["methods"][S99]
     assert both["multiplier"] is None and both["ratios"]["llama192"] == 4.0
-    assert "x1-x8" in recipe_text({"methods": {"scape99": both}, "min_steps": 1500},
+    assert "x1-x8" in recipe_text({"methods": {S99: both}, "min_steps": 1500},
                                   RunIndex(runs + big), {})  # fmt: skip
-    runs = [r for r in runs if not (r.model == "gpt" and r.variant == "scape99"
+    runs = [r for r in runs if not (r.model == "gpt" and r.variant == S99
                                     and r.header["lr_scale"] == 1.0)]  # fmt: skip
-    runs += _grid("scape99", "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]}, steps=1500)  # x1 now
-    split = recipe(RunIndex(runs), ["llama", "gpt"])["methods"]["scape99"]
+    runs += _grid(S99, "gpt", {0.5: [4.6, 4.6], 1.0: [4.4, 4.4]}, steps=1500)  # x1 now
+    split = recipe(RunIndex(runs), ["llama", "gpt"])["methods"][S99]
     assert split["multiplier"] is None and split["ratios"] == {"llama": 2.0, "gpt": 1.0}
 
 
@@ -323,15 +325,15 @@ def test_size_table_and_panel_follow_the_sizes_that_were_run(tmp_path):
     for model, params, gap in (("llama320", 8_000_000, 0.4), ("llama", 220_000, 0.2),
                                ("llama192", 2_000_000, 0.3)):  # fmt: skip
         runs += _sized(model, params, "adams", {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
-        runs += _sized(model, params, "scape99", {1.0: [4.0 + gap, 4.0 + gap]})
+        runs += _sized(model, params, S99, {1.0: [4.0 + gap, 4.0 + gap]})
     index = RunIndex(runs)
     assert size_models(index) == ["llama", "llama192", "llama320"]
-    table = size_table(index, ["scape99"], {"scape99": "SCAPE-99"}, [100])
+    table = size_table(index, [S99], {S99: "SCAPE-99"}, [100])
     rows = table.splitlines()[2:]
     assert [r.split(" | ")[0] for r in rows] == ["| llama", "| llama192", "| llama320"]
     assert "| llama320 | 8.00M | 100 | 1 | +10.0 ± 0.0% (n=2) (1, grid open) |" in table
     png = tmp_path / "gap.png"
-    plot_gap_vs_steps(index, ["scape99"], {}, ["llama"], [100], png, sizes=size_models(index))
+    plot_gap_vs_steps(index, [S99], {}, ["llama"], [100], png, sizes=size_models(index))
     assert png.stat().st_size > 0
     import matplotlib.image
 
@@ -347,7 +349,7 @@ def _three_sizes(gaps: dict[str, list[float]]) -> RunIndex:
         runs += _sized(model, params, "adams", {0.5: [4.2] * n, 1.0: [4.0] * n, 2.0: [4.1] * n})
         best = [4.0 * (1 + g / 100) for g in gaps[model]]
         worse = [b + 0.5 for b in best]
-        runs += _sized(model, params, "scape99", {0.5: worse, 1.0: best, 2.0: worse})
+        runs += _sized(model, params, S99, {0.5: worse, 1.0: best, 2.0: worse})
     return RunIndex(runs)
 
 
@@ -357,7 +359,7 @@ def test_size_trend_is_least_squares_in_log_parameters_with_a_t_interval():
     from pipelines.studies.report_stats import T95, size_trend
 
     gaps = {"llama": [6.0, 7.0], "llama192": [8.0, 8.5], "llama320": [9.0, 10.5]}
-    trend = size_trend(_three_sizes(gaps), "scape99", 100)
+    trend = size_trend(_three_sizes(gaps), S99, 100)
     xs = np.log10([220_000] * 2 + [2_000_000] * 2 + [8_000_000] * 2)
     ys = np.array(gaps["llama"] + gaps["llama192"] + gaps["llama320"])
     slope, intercept = np.polyfit(xs, ys, 1)
@@ -370,7 +372,7 @@ def test_size_trend_is_least_squares_in_log_parameters_with_a_t_interval():
     assert at[0] < intercept + slope * np.log10(5e8) < at[1]
     assert size_trend(_three_sizes(gaps), "scape90", 100) is None  # never run
     one_size = RunIndex([r for r in _three_sizes(gaps).all_runs if r.model == "llama"])
-    assert size_trend(one_size, "scape99", 100) is None
+    assert size_trend(one_size, S99, 100) is None
 
 
 def test_scale_text_reads_the_trend_and_the_paper_sizes_from_its_inputs():
@@ -421,12 +423,12 @@ def test_the_size_trend_leaves_out_a_size_whose_lr_grid_is_open():
         if not (r.model == "llama320" and r.variant == "adams" and r.header["lr_scale"] != 1.0)
     ]
     open_big = RunIndex(runs)
-    assert {p for p, _ in size_trend(open_big, "scape99", 100).points} == {220_000, 2_000_000}
+    assert {p for p, _ in size_trend(open_big, S99, 100).points} == {220_000, 2_000_000}
     text = scale_text(open_big, {}, [100], {})
     assert "at 8.00M, lr grid open: not in the fit" in text and "over the 4 seeds' gaps" in text
     two_open = RunIndex([r for r in runs if not (r.model == "llama192" and r.variant == "adams"
                                                  and r.header["lr_scale"] != 1.0)])  # fmt: skip
-    assert size_trend(two_open, "scape99", 100) is None
+    assert size_trend(two_open, S99, 100) is None
     assert "no trend" not in scale_text(two_open, {}, [100], {})
 
 
@@ -437,11 +439,11 @@ def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_wor
     runs = []
     for model in ("llama", "llama192", "llama320"):  # three Llama sizes agree on x2
         runs += _grid("adams", model, adams, steps=1500)
-        runs += _grid("scape99", model, {1.0: [4.8, 4.8], 2.0: [4.4, 4.4], 4.0: [4.6, 4.6]},
+        runs += _grid(S99, model, {1.0: [4.8, 4.8], 2.0: [4.4, 4.4], 4.0: [4.6, 4.6]},
                       steps=1500)  # fmt: skip
     # gpt alone: SCAPE-99 best at x1 (a gap of +5% there, +10% at x2)
     runs += _grid("adams", "gpt", adams, steps=1500)
-    runs += _grid("scape99", "gpt", {0.5: [4.5, 4.5], 1.0: [4.2, 4.2], 2.0: [4.4, 4.4]},
+    runs += _grid(S99, "gpt", {0.5: [4.5, 4.5], 1.0: [4.2, 4.2], 2.0: [4.4, 4.4]},
                   steps=1500)  # fmt: skip
     # SCAPE-90 on two Llama sizes that disagree (x2 and x4): the least worst gap over both
     runs += _grid("scape90", "llama", {1.0: [4.3, 4.3], 2.0: [4.05, 4.05], 4.0: [4.1, 4.1],
@@ -452,7 +454,7 @@ def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_wor
         run.header["family"] = "gpt" if run.header["model"] == "gpt" else "llama"
     index = RunIndex(runs)
     rec = recipe(index, ["llama", "gpt", "llama192", "llama320"])
-    s99 = rec["methods"]["scape99"]["families"]
+    s99 = rec["methods"][S99]["families"]
     assert (s99["llama"]["multiplier"], s99["llama"]["rule"]) == (2.0, "sizes agree")
     assert (s99["gpt"]["multiplier"], s99["gpt"]["rule"]) == (1.0, "least worst gap")
     assert s99["llama"]["gaps"]["llama"]["rule"] == pytest.approx(10.0)  # 4.4 against 4.0
@@ -460,7 +462,7 @@ def test_the_family_rule_is_the_sizes_ratio_where_three_agree_else_the_least_wor
     s90 = rec["methods"]["scape90"]["families"]["llama"]
     # x2: worst of (+1.25%, +7.5%); x4: worst of (+2.5%, +1.0%): x4 is least
     assert (s90["multiplier"], s90["rule"]) == (4.0, "least worst gap")
-    assert family_multipliers(rec, "scape99") == {"gpt": 1.0, "llama": 2.0}
+    assert family_multipliers(rec, S99) == {"gpt": 1.0, "llama": 2.0}
     text = recipe_text(rec, index, {})
     assert (
         "| SCAPE-99 | llama | x2 (3 sizes agree) | llama (0.22M) | 1,500 | +10.0% | +20.0% |"
@@ -475,7 +477,7 @@ def test_the_verdict_states_the_gap_to_adamw_beside_adamss():
     for model in ("llama", "gpt"):
         runs += _grid("adams", model, {0.5: [4.2, 4.2], 1.0: [4.0, 4.0], 2.0: [4.1, 4.1]})
         runs += _grid("adamw", model, {0.5: [4.0, 4.0], 1.0: [3.9, 3.9], 2.0: [3.95, 3.95]})
-        for variant in ("scape90", "scape99"):
+        for variant in ("scape90", S99):
             runs += _grid(variant, model, {0.5: [4.3, 4.3], 1.0: [4.1, 4.1], 2.0: [4.2, 4.2]})
     text = verdict_text(RunIndex(runs), ["llama", "gpt"])
     # 4.1 against AdamS's 4.0: +2.5%; against AdamW's 3.9: +5.1%, behind it in every seed
@@ -491,12 +493,12 @@ def test_the_length_table_gives_each_horizons_gap_and_its_epochs(tmp_path):
     runs = []
     for steps in (100, 400):
         runs += _grid("adams", "llama", {1.0: [4.0, 4.0]}, steps=steps)
-        runs += _grid("scape99", "llama", {1.0: [4.4, 4.4]}, steps=steps)
+        runs += _grid(S99, "llama", {1.0: [4.4, 4.4]}, steps=steps)
     for run in runs:
         run.header["settings"] = {"scale": {"world_size": 2, "batch_per_worker": 2,
                                             "seq_length": 8}}  # fmt: skip
     (tmp_path / "metadata.json").write_text(json.dumps({"splits": {"train": {"tokens": 3200}}}))
-    text = length_text(RunIndex(runs), {"scape99": "SCAPE-99"}, ["llama"], train_tokens(tmp_path))
+    text = length_text(RunIndex(runs), {S99: "SCAPE-99"}, ["llama"], train_tokens(tmp_path))
     # 32 tokens a step: 100 steps are 1.0 epoch of 3,200 tokens, 400 steps 4.0
     assert "| model | method | 100 steps (1.0 epochs) | 400 steps (4.0 epochs) |" in text
     assert (
@@ -551,6 +553,28 @@ def test_a_ramp_counts_its_logged_run_bytes_and_stands_by_training_length():
     assert "| llama | R | x2.00 | 1 | +7.5 ± 0.0% (n=2) |" in text
     assert "| model | 300 steps | 1,500 steps |" in text
     assert "| -2.3 ± 0.0% (n=2) (lr x1) | -2.3 ± 0.0% (n=2) (lr x1) |" in text
+
+
+def test_the_verdict_says_how_the_shipped_scape99_ramps_and_what_its_bytes_cost():
+    from pipelines.studies.report_prose import verdict_text
+
+    runs = []
+    for variant, loss in (("adams", 4.0), ("scape90", 4.1), ("scape99", 4.4), (S99, 4.3)):
+        runs += _grid(variant, "llama", {0.5: [loss + 0.2] * 2, 1.0: [loss] * 2,
+                                         2.0: [loss + 0.1] * 2}, steps=1000)  # fmt: skip
+    for run in runs:
+        options = {"sparsity": 0.99, "ramp_start_sparsity": 0.9, "ramp_steps": 150}
+        run.header["settings"] = {"variant": {"options": options if run.variant == S99 else {}}}
+        run.steps[0]["step"] = 10
+        run.steps[0]["bytes"] = 100.0 if run.variant == "adams" else 1.0
+        if run.variant == S99:
+            run.final["run_bytes"] = 1.41 * (100 + 1000 - 1)  # x1.41 a constant run's
+    text = verdict_text(RunIndex(runs), ["llama"])
+    assert (
+        "At 99% sparsity (after a density ramp from 90% over the first 15% of steps, x1.41 "
+        "a constant 99% run's bytes) SCAPE-99 ends +7.5 ± 0.0% (n=2) on llama"
+    ) in text
+    assert "At 90% sparsity SCAPE-90 ends +2.5" in text  # no ramp, no clause
 
 
 def test_a_family_rule_ships_only_where_the_transfer_check_holds():
