@@ -113,6 +113,12 @@ class RunSummary:
         kinds = sorted({k for row in rows for k in row})
         return {k: statistics.median(row.get(k, 0.0) for row in rows) for k in kinds}
 
+    def run_bytes_per_step(self) -> float:
+        """Every kind's bytes summed, the mean over all of the run's steps: what a run sends
+        per step in all, warm-up and density ramp included."""
+        totals = [sum((r.get("bytes") or {}).values()) for r in self.metrics]
+        return statistics.fmean(totals) if totals else 0.0
+
 
 def collect_runs(root: Path, experiments: list[str]) -> list[RunSummary]:
     """Every run directory with a config and metrics; unfinished runs are included as they stand."""
@@ -434,8 +440,8 @@ def run(cfg: TablesConfig | DictConfig) -> dict[str, Any]:
         "efficiency",
         e_header,
         e_rows,
-        f"Efficiency: bytes per rank per step (median, steps > {cfg.skip_steps}; "
-        f"{commits_phrase(runs)}).\n\n{e_note}",
+        f"Efficiency: bytes per rank per step (median, steps > {cfg.skip_steps}; the last "
+        f"column the mean over every step; {commits_phrase(runs)}).\n\n{e_note}",
         footer=claims,
     )
     write_manifest(runs, out / MANIFEST_FILE, cfg.output_root)

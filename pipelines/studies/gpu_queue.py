@@ -52,7 +52,7 @@ __all__ = [
     "plan",
 ]
 
-GPU_METHODS = ("adams", "scape99", "scape90", "adamw")  # the verdict's first pair first
+GPU_METHODS = ("adams", "scape99_ramp", "scape90", "adamw")  # the verdict's first pair first
 GPU_SEEDS = (0, 1)
 GPU_SCALE = "conf/quality/scale/gpu.yaml"  # relative to the repository
 GPU_DATA = "data/debian_docs__bytebpe1k"  # make gpu-corpus; its name is in the fingerprints

@@ -34,7 +34,8 @@ BOOKKEEPING = (
 
 def _settings(node: Any) -> dict[str, Any]:
     """What decides a run's numbers: the config less the progress bar, W&B, checkpoint and
-    logging intervals, and the option blocks of optimizers the run does not use. A saved config from before an option was added gets
+    logging intervals, the recipe's per-family lr table (the applied multiplier stays), and
+    the option blocks of optimizers the run does not use. A saved config from before an option was added gets
     that option's default, so adding options elsewhere never orphans an existing run."""
     merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), node)
     settings = OmegaConf.to_container(merged, resolve=True)
@@ -43,6 +44,9 @@ def _settings(node: Any) -> dict[str, Any]:
     for key in BOOKKEEPING:
         settings["train"].pop(key)
     optimizer = settings["optimizer"]
+    # the recipe's table of multipliers: the one applied is optimizer.lr_multiplier (compared),
+    # so a new recipe for another family does not orphan a run
+    optimizer.pop("lr_multiplier_by_family", None)
     for block in OPTIMIZER_BLOCKS:
         if optimizer["name"] != block:
             optimizer.pop(block, None)

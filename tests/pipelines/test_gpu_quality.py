@@ -41,7 +41,10 @@ def test_cpu_smoke_runs_the_queue_in_windows_and_resumes(
     assert first.returncode == 0, first.stderr[-3000:]
     names = sorted(p.name for p in records.rglob("*.jsonl"))
     # the verdict's first pair first: dense AdamS and SCAPE-99 at their grid centres, seed 0
-    assert names == ["smoke_llama__adams__s0__t4.jsonl", "smoke_llama__scape99__s0__t4__lr2.jsonl"]
+    assert names == [
+        "smoke_llama__adams__s0__t4.jsonl",
+        "smoke_llama__scape99_ramp__s0__t4__lr2.jsonl",
+    ]
     second = _run(*common, "--max-runs", "1")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 48 runs done" in second.stdout

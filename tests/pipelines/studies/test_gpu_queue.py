@@ -19,7 +19,7 @@ from pipelines.studies.gpu_queue import (
 from pipelines.studies.quality_config import ModelSpec, ScaleConfig, VariantSpec
 
 RECIPE = {"methods": {
-    "scape99": {"families": {"llama": {"multiplier": 2.0}, "gpt": {"multiplier": 1.0}}},
+    "scape99_ramp": {"families": {"llama": {"multiplier": 2.0}, "gpt": {"multiplier": 1.0}}},
     "scape90": {"families": {"llama": {"multiplier": 4.0}, "gpt": {"multiplier": 0.5}}},
 }}  # fmt: skip
 MODELS = [ModelSpec(name="l", family="llama"), ModelSpec(name="g", family="gpt")]
@@ -27,18 +27,22 @@ VARIANTS = {
     "adams": VariantSpec(method="adams", core=True),
     "adamw": VariantSpec(method="adamw", core=True),
     "scape90": VariantSpec(method="scape", core=True, options={"sparsity": 0.9}),
-    "scape99": VariantSpec(method="scape", core=True, options={"sparsity": 0.99}),
+    "scape99_ramp": VariantSpec(
+        method="scape",
+        core=True,
+        options={"sparsity": 0.99, "ramp_start_sparsity": 0.9, "ramp_fraction": 0.15},
+    ),
 }
 SCALE = ScaleConfig(name="gpu", steps=10)
 
 
 def test_grids_are_placed_by_the_recipe_and_hold_x1_within_x4():
-    assert lr_grid(RECIPE, "scape99", "llama") == (1.0, 2.0, 4.0)
+    assert lr_grid(RECIPE, "scape99_ramp", "llama") == (1.0, 2.0, 4.0)
     assert lr_grid(RECIPE, "scape90", "llama") == (1.0, 2.0, 4.0)
-    assert lr_grid(RECIPE, "scape99", "gpt") == (0.5, 1.0, 2.0)
+    assert lr_grid(RECIPE, "scape99_ramp", "gpt") == (0.5, 1.0, 2.0)
     assert lr_grid(RECIPE, "scape90", "gpt") == (0.25, 0.5, 1.0)
     assert lr_grid(RECIPE, "adams", "llama") == (0.5, 1.0, 2.0)  # not in the recipe
-    assert lr_grid({}, "scape99", "llama") == (0.5, 1.0, 2.0)
+    assert lr_grid({}, "scape99_ramp", "llama") == (0.5, 1.0, 2.0)
 
 
 def test_the_plan_covers_every_cell_once_in_the_verdicts_order():
@@ -46,7 +50,7 @@ def test_the_plan_covers_every_cell_once_in_the_verdicts_order():
     assert len(runs) == 2 * 2 * len(GPU_METHODS) * 3  # models x seeds x methods x grid
     assert len({r.run_id for r in runs}) == len(runs)
     first = [(r.model, r.variant, r.spec.seed, r.spec.lr_scale) for r in runs[:4]]
-    assert first == [("l", "adams", 0, 1.0), ("l", "scape99", 0, 2.0),
+    assert first == [("l", "adams", 0, 1.0), ("l", "scape99_ramp", 0, 2.0),
                      ("l", "scape90", 0, 2.0), ("l", "adamw", 0, 1.0)]  # fmt: skip
     seeds_of_l = [r.spec.seed for r in runs if r.model == "l"]
     assert seeds_of_l == sorted(seeds_of_l)  # seed 1 after every seed-0 run
@@ -87,7 +91,7 @@ def test_estimates_learn_from_records_and_windows_take_what_fits(tmp_path: Path)
     assert estimate_seconds(adams_l, 1, measured) == pytest.approx(start + 20.0)
     # SCAPE on the same model: the dense rate times the sparse factor, until measured
     assert estimate_seconds(scape99_l, 1, measured) > estimate_seconds(adams_l, 1, measured)
-    estimates = {r.run_id: 100.0 if r.variant == "scape99" else 50.0 for r in runs}
+    estimates = {r.run_id: 100.0 if r.variant == "scape99_ramp" else 50.0 for r in runs}
     chosen = next_runs(runs, {adams_l.run_id}, estimates, budget_s=160)
     # scape99 (100) first, then what still fits in the 60 s left: one 50 s run
     assert [r.run_id for r in chosen] == [runs[1].run_id, runs[2].run_id]

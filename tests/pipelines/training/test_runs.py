@@ -33,6 +33,14 @@ def test_options_of_other_optimizers_do_not_orphan_a_run(tmp_path):
     saved.train.consistency_check_interval = 7  # bookkeeping: the numbers do not change
     OmegaConf.save(saved, run_dir / "config.yaml")
     claim_run_dir(cfg, run_dir)
+    saved.optimizer.lr_multiplier_by_family = {"llama": 8.0}  # a recipe for another family
+    OmegaConf.save(saved, run_dir / "config.yaml")
+    claim_run_dir(cfg, run_dir)
+    saved.optimizer.lr_multiplier = 2.0  # the multiplier applied to this run: a setting
+    OmegaConf.save(saved, run_dir / "config.yaml")
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        claim_run_dir(cfg, run_dir)
+    saved.optimizer.lr_multiplier = 1.0
     saved.optimizer.lr = 1.0
     OmegaConf.save(saved, run_dir / "config.yaml")
     with pytest.raises(ConfigError, match="holds a run with other settings"):
