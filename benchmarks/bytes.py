@@ -19,8 +19,15 @@ from benchmarks.harness import cli, paper, quiet
 from benchmarks.harness.bytecount import bytecount_worker
 from benchmarks.harness.launch import launch_ranks
 from scape.comm import step_bytes_per_rank
+from scape.config import ScapeConfig
 
-__all__ = ["MEASURED_METHODS", "paper_scale_bytes", "summarize_measured"]
+__all__ = [
+    "MEASURED_METHODS",
+    "RUN_STEPS",
+    "paper_scale_bytes",
+    "shipped_run_config",
+    "summarize_measured",
+]
 
 MODEL = {"layers": 2, "hidden": 256, "heads": 4, "ffn": 704, "seq": 32, "batch": 1}
 BUCKET_SIZE = 400_000  # elements: several buckets, so per-bucket flags show in the counts
@@ -71,13 +78,32 @@ def summarize_measured(results: list[dict[str, Any]],
             "shard_sizes": r0["shard_sizes"], "methods": out}  # fmt: skip
 
 
+# The run the shipped SCAPE-99's mean is taken over (its ramp is a share of the run, so the
+# mean barely moves with the length: 1,000 steps and 100,000 differ in the third digit)
+RUN_STEPS = 10_000
+
+
+def shipped_run_config(name: str = "scape99") -> tuple[ScapeConfig, int]:
+    """The shipped config's SCAPE settings for a run of :data:`RUN_STEPS`, and its values'
+    bytes on the wire."""
+    from pipelines.training.config import compose, scape_config
+
+    o = compose([f"optimizer={name}", f"train.train_steps={RUN_STEPS}"]).optimizer
+    return scape_config(o, RUN_STEPS), VALUE_NBYTES[o.scape.value_dtype]
+
+
 def paper_scale_bytes(n_params: int, world_size: int) -> dict[str, Any]:
-    """Per-rank bytes per step of dense ZeRO-1 bf16 and SCAPE-90/99 (bf16, fp32 values) at scale."""
+    """Per-rank bytes per step of dense ZeRO-1 bf16 and SCAPE-90/99 (bf16, fp32 values) at
+    scale, each in its steady sparse step; and the shipped SCAPE-99's mean over a run, which
+    counts its dense first step and its density ramp (``scape-99-shipped-run``)."""
     dense = paper.dense_bytes(n_params, world_size)
     entries = {"dense-adams": dense}
     for suffix, nbytes in (("-bf16", 2), ("", 4)):
         for label, s in (("90", 0.9), ("99", 0.99)):
             entries[f"scape-{label}{suffix}"] = paper.scape_bytes(n_params, world_size, s, nbytes)
+    cfg, nbytes = shipped_run_config()
+    entries["scape-99-shipped-run"] = paper.scape_run_bytes(n_params, world_size, cfg,
+                                                            RUN_STEPS, nbytes)  # fmt: skip
     dense_total = dense["grad_values"] + dense["param_values"]
     return {"n_params": n_params, "world_size": world_size,
             "methods": {n: {"bytes_per_rank": e, **paper.totals(e, dense_total)} for n, e in entries.items()}}  # fmt: skip

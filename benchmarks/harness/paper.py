@@ -10,7 +10,7 @@ from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, ring_bytes_per_rank, st
 from scape.config import ScapeConfig
 
 __all__ = ["PAPER_MODELS", "SCAPE_STEP", "dense_bytes", "megatron_buckets", "scape_bytes",
-           "selected_per_shard", "totals", "traffic_bytes"]  # fmt: skip
+           "scape_run_bytes", "selected_per_shard", "totals", "traffic_bytes"]  # fmt: skip
 
 PAPER_MODELS = ("gpt-345m", "llama-500m", "llama-1.8b")
 SCAPE_STEP = "R6"  # the library's step these formulas and overhead.json's timings are for
@@ -36,6 +36,25 @@ def scape_bytes(n_params: int, world_size: int, sparsity: float, value_nbytes: i
     selected = selected_per_shard(shards, sparsity)
     out = step_bytes_per_rank(selected, world_size, value_nbytes, masks=True)
     return {k: out[k] for k in (*VALUE_KINDS, MASKS)}
+
+
+def scape_run_bytes(n_params: int, world_size: int, cfg: ScapeConfig, steps: int,
+                    value_nbytes: int) -> dict[str, float]:  # fmt: skip
+    """SCAPE per rank per step, the mean over a run of ``steps`` of ``cfg`` (its density ramp
+    included): each dense warm-up step at dense ZeRO-1 bf16's bytes, each sparse step at the
+    k of :meth:`~scape.config.ScapeConfig.k_at`."""
+    shards = [b // world_size for b in megatron_buckets(n_params, world_size)]
+    total = {k: 0.0 for k in (*VALUE_KINDS, MASKS)}
+    for step in range(1, steps + 1):
+        if step <= cfg.dense_warmup_steps:
+            one = dense_bytes(n_params, world_size)
+        else:
+            k = cfg.k_at(step)
+            selected = [selected_count(s, cfg.chunk, k) for s in shards]
+            one = step_bytes_per_rank(selected, world_size, value_nbytes, masks=True)
+        for kind in total:
+            total[kind] += one.get(kind, 0.0)
+    return {kind: v / steps for kind, v in total.items()}
 
 
 def totals(entry: dict[str, float], dense_total: float) -> dict[str, float]:

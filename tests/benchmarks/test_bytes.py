@@ -31,6 +31,24 @@ def test_paper_scale_follows_the_shared_formula():
     assert out["scape-90-bf16"]["dense_over_this"] == pytest.approx(8, rel=0.01)
 
 
+def test_the_shipped_scape99s_run_mean_counts_its_dense_step_and_its_ramp():
+    from benchmarks.bytes import RUN_STEPS, shipped_run_config
+    from benchmarks.harness.paper import dense_bytes, scape_run_bytes
+    from scape.config import ScapeConfig
+
+    n, w = 320_000_000, 32
+    out = paper_scale_bytes(n, w)["methods"]
+    cfg, nbytes = shipped_run_config()
+    assert (cfg.ramp_start_k, cfg.k, nbytes) == (10, 1, 2)  # the shipped ramp, bf16 values
+    assert cfg.ramp_steps == round(0.15 * RUN_STEPS)
+    run, steady = out["scape-99-shipped-run"]["total"], out["scape-99-bf16"]["total"]
+    assert 1.3 < run / steady < 1.6  # the study's x1.41, plus the dense step
+    # without a ramp the mean is the steady step's but for the one dense step
+    flat = scape_run_bytes(n, w, ScapeConfig(), 100, 2)
+    dense = sum(dense_bytes(n, w).values())
+    assert sum(flat.values()) == pytest.approx((dense + 99 * steady) / 100)
+
+
 def test_measured_scape_rows_are_checked_against_the_formula():
     (s99,) = [m for m in MEASURED_METHODS if m["name"] == "scape-99"]
     got = scape_formula(s99, [1050, 300], 4)  # 10 + 1 and 3 coefficients per shard

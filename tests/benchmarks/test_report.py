@@ -91,12 +91,17 @@ def test_bytes_section_and_targets_from_the_formula(tmp_path):
     targets = md.split("## Targets")[1].split("## 1.")[0]
     row99 = next(ln for ln in targets.splitlines() if "99% sparsity" in ln)
     assert "with bf16 values" in row99 and "counters match the formula" in row99
-    assert row99.endswith("| met with bf16 values |")  # fp32 values: 1/44, below 1/60
+    # fp32 values: 1/44, below 1/60; the steady step's, and the shipped ramp's mean over a run
+    assert row99.endswith("| met with bf16 values (steady step) |")
+    assert "over a run the shipped config's density ramp makes it 1/55" in row99
     assert "with fp32 values (the configs')" in row99 and "(fp32 ones are what" in sec1
     # configs that send bf16 values: the rows lead with them, and the target is met as shipped
     bf16 = report.render(tmp_path, wire="bfloat16")
     row99 = next(ln for ln in bf16.split("## Targets")[1].splitlines() if "99% sparsity" in ln)
-    assert row99.endswith("| met |") and "with bf16 values (the configs'), 1/" in row99
+    assert (
+        row99.endswith("| met (steady step) |") and "with bf16 values (the configs'), 1/" in row99
+    )
+    assert "| scape-99-shipped-run |" in bf16 and "density ramp from 90%" in bf16
     assert report.shipped_wire() in ("float32", "bfloat16")
 
 
