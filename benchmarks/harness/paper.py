@@ -4,6 +4,8 @@ ring accounting, :func:`scape.comm.step_bytes_per_rank`), the optimizers' memory
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pipelines.studies.peers_bytes import megatron_buckets  # one formula for both
 from scape.basis import selected_count
 from scape.comm import GRAD_VALUES, MASKS, PARAM_VALUES, ring_bytes_per_rank, step_bytes_per_rank
@@ -44,16 +46,15 @@ def scape_run_bytes(n_params: int, world_size: int, cfg: ScapeConfig, steps: int
     included): each dense warm-up step at dense ZeRO-1 bf16's bytes, each sparse step at the
     k of :meth:`~scape.config.ScapeConfig.k_at`."""
     shards = [b // world_size for b in megatron_buckets(n_params, world_size)]
-    total = {k: 0.0 for k in (*VALUE_KINDS, MASKS)}
-    for step in range(1, steps + 1):
-        if step <= cfg.dense_warmup_steps:
-            one = dense_bytes(n_params, world_size)
-        else:
-            k = cfg.k_at(step)
-            selected = [selected_count(s, cfg.chunk, k) for s in shards]
-            one = step_bytes_per_rank(selected, world_size, value_nbytes, masks=True)
+    dense = min(cfg.dense_warmup_steps, steps)
+    # steps per k: a step's bytes depend on its k alone, so each k's are computed once
+    per_k = Counter(cfg.k_at(step) for step in range(dense + 1, steps + 1))
+    total = {kind: dense * v for kind, v in dense_bytes(n_params, world_size).items()}
+    for k, count in per_k.items():
+        selected = [selected_count(s, cfg.chunk, k) for s in shards]
+        one = step_bytes_per_rank(selected, world_size, value_nbytes, masks=True)
         for kind in total:
-            total[kind] += one.get(kind, 0.0)
+            total[kind] += count * one.get(kind, 0.0)
     return {kind: v / steps for kind, v in total.items()}
 
 

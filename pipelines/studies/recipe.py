@@ -133,11 +133,9 @@ def ship(rec: dict[str, Any], transfer: dict[str, Any] | None) -> dict[str, Any]
 
 
 def family_multipliers(rec: dict[str, Any], variant: str) -> dict[str, float]:
-    """The per-family multipliers the configs carry for ``variant`` (:func:`ship`): a study
-    variant, or the name of the shipped config it runs (:data:`SHIPPED_CONFIGS`)."""
-    by_config = {config: v for v, config in SHIPPED_CONFIGS.items()}
-    families = rec["methods"].get(variant, rec["methods"].get(by_config.get(variant), {})
-                                  ).get("families", {})  # fmt: skip
+    """The per-family multipliers the configs carry for the study's ``variant`` (:func:`ship`;
+    the config that carries them: :data:`SHIPPED_CONFIGS`)."""
+    families = rec["methods"].get(variant, {}).get("families", {})
     return {f: float(entry.get("shipped", entry["multiplier"] or 1.0))
             for f, entry in families.items()}  # fmt: skip
 
