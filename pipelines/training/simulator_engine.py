@@ -47,15 +47,27 @@ class ScheduledGroups:
 
 
 def _micro_batch_loss(model: nn.Module, micro_batches: list[Batch]) -> Tensor:
-    """The mean loss over one worker's micro-batches, as Megatron's step averages them: each
-    micro-batch's fp32 loss over n, summed in float64 (``train_step`` sums ``.item()`` s), so
-    the reported loss has the same bits; the gradient is the same (d sum / d term = 1)."""
+    """One worker's micro-batches as Megatron's ``train_step`` runs them: a backward per
+    micro-batch, each fp32 loss over n, so the gradient builds up in the same order.
+
+    The simulator calls ``backward`` on what this returns, so every micro-batch but the last
+    is backpropagated here and enters the sum detached; ``.grad`` then holds
+    ``(g_1 + g_2) + ... + g_n`` as Megatron's ``main_grad`` does. One backward over the summed
+    losses would add the tied embedding's contributions (input lookup and output layer, from
+    every micro-batch) in autograd's order instead, which differs in the last bits: enough to
+    tip a bf16 value on the wire (the shipped ramp's engines parted at step 2) or any fp32 one.
+    The terms are summed in float64 (``train_step`` sums ``.item()`` s): the same loss bits."""
     from scape.megatron.train import forward_loss
 
     device = next(model.parameters()).device
     n = len(micro_batches)
-    terms = [(forward_loss(model, tokens.to(device), labels.to(device)) / n).double()
-             for tokens, labels in micro_batches]  # fmt: skip
+    terms = []
+    for i, (tokens, labels) in enumerate(micro_batches):
+        term = forward_loss(model, tokens.to(device), labels.to(device)) / n
+        if i < n - 1:  # Megatron's no_sync micro-batches: backward now, accumulate in .grad
+            term.backward()
+            term = term.detach()
+        terms.append(term.double())
     return sum(terms[1:], terms[0])
 
 
