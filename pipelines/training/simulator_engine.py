@@ -12,6 +12,8 @@ What makes the two engines train the same model:
 - the same Megatron GPTModel, built after the same seeding (:func:`scape.megatron.dense.init_megatron`);
 - SCAPE on Megatron's own buffer layout (same buckets, shards, padding and k per shard),
   read off a Megatron DDP over a twin of the model (:func:`scape.megatron.layout.flat_layout`);
+- each worker's gradient built micro-batch by micro-batch, as Megatron's ``train_step``
+  accumulates it (:func:`_micro_batch_loss`);
 - Megatron's weight-decay groups (:func:`scape.simulate.default_decay_filter`) and clipping rule;
 - the lr (and constant weight decay) of the same Megatron scheduler, which drives the
   param groups of :class:`ScheduledGroups` here.
