@@ -285,6 +285,12 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
     horizons = sorted({k.steps for k in index.runs if k.model in models})
     rows = []
     for model in models:
+        # the reference's own lr at each horizon: every gap in the model's rows is against it
+        choices = [index.lr_choice(model, REFERENCE, steps) for steps in horizons]
+        if any(choices):
+            rows.append(f"| {model} | dense AdamS (the reference: its lr) | " + " | ".join(
+                "-" if c is None else f"x{c.lr:g}" + ("" if c.closed else ", grid open")
+                for c in choices) + " |")  # fmt: skip
         for variant in (ADAMW, *(v for _, v, _ in VERDICT_METHODS)):
             cells = []
             for steps in horizons:
@@ -308,9 +314,10 @@ def length_text(index: RunIndex, labels: dict[str, str], models: list[str],
     corpus = f"the {tokens:,}-token training split" if tokens else "the training split"
     return "\n".join([
         f"Paired gap to dense AdamS by training length, each method at the lr chosen at that "
-        f"horizon (epochs: passes over {corpus}; the horizons past the ones the lr grids were "
-        "closed at ran each method at its closed 3,000-step lr only, so their cells say "
-        "\"grid open\"). The longest horizon is several epochs of a small corpus: a gap there "
+        f"horizon (epochs: passes over {corpus}; a choice at the edge of the lrs run, one lr "
+        "included, says \"grid open\"; each model's first row is dense AdamS's own choice, "
+        "which every gap in its rows is measured against). The longest horizon is several "
+        "epochs of a small corpus: a gap there "
         "mixes SCAPE's delay with how each method behaves on data it has seen, which a "
         "larger corpus (the GPU-scale runs) would separate.", "",
         "| model | method | " + " | ".join(head) + " |",

@@ -494,6 +494,7 @@ def test_the_length_table_gives_each_horizons_gap_and_its_epochs(tmp_path):
     for steps in (100, 400):
         runs += _grid("adams", "llama", {1.0: [4.0, 4.0]}, steps=steps)
         runs += _grid(S99, "llama", {1.0: [4.4, 4.4]}, steps=steps)
+    runs += _grid("adams", "llama", {0.5: [4.2, 4.2], 2.0: [4.1, 4.1]}, steps=100)  # closed
     for run in runs:
         run.header["settings"] = {"scale": {"world_size": 2, "batch_per_worker": 2,
                                             "seq_length": 8}}  # fmt: skip
@@ -505,6 +506,8 @@ def test_the_length_table_gives_each_horizons_gap_and_its_epochs(tmp_path):
         "| llama | SCAPE-99 | +10.0 ± 0.0% (n=2) (grid open) | +10.0 ± 0.0% (n=2) (grid open) |"
         in text
     )
+    # the reference's own choice heads the model's rows
+    assert "| llama | dense AdamS (the reference: its lr) | x1 | x1, grid open |" in text
     assert train_tokens(None) is None and train_tokens(tmp_path / "missing") is None
 
 
