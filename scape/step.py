@@ -230,6 +230,13 @@ class BucketStep:
         unless this is called."""
         self.geo, self.basis = self._level(k)
         self._next_geo, self._next_basis = self._level(next_k)
+        if k == next_k == self.config.k and len(self._levels) > 1:
+            # A ramp only lowers k: once it is over, its larger levels are done with.
+            self._levels = {k: self._levels[k]}
+            self._release_ramp()
+
+    def _release_ramp(self) -> None:
+        """Free what only a ramp's larger k needed (nothing here)."""
 
     @property
     def num_selected(self) -> int:
@@ -352,12 +359,18 @@ class FusedBucketStep(BucketStep):
         # the chunk's DCT, then the tail's, in one tensor: the kernels pick a row's by offset
         flat = [d.reshape(-1)] + ([] if d_tail is None else [d_tail.reshape(-1)])
         self._dct = torch.cat(flat)
-        most = selected_count(self.geo.shard_size, self.config.chunk, max(self.config.k_levels))
-        self._sent = torch.empty(
-            self.geo.world_size * most, dtype=self.wire_dtype, device=self.device
-        )  # what this rank sent, read back by the commit: sized once, for the largest k
+        # what this rank sent, read back by the commit: sized for the largest k, and for the
+        # config's once a ramp is over
+        self._sent = self._sent_buffer(max(self.config.k_levels))
         self._no_clip = torch.ones(1, device=self.device)
         self._selected_at_pack = False
+
+    def _sent_buffer(self, k: int) -> Tensor:
+        n = self.geo.world_size * selected_count(self.geo.shard_size, self.config.chunk, k)
+        return torch.empty(n, dtype=self.wire_dtype, device=self.device)
+
+    def _release_ramp(self) -> None:
+        self._sent = self._sent_buffer(self.config.k)
 
     def has_flag(self, dense: bool) -> bool:
         return not dense
@@ -397,6 +410,8 @@ class FusedBucketStep(BucketStep):
         self._kernels.pack(self.geo, moment, grad, masks, self._dct, self.values(payload, dense),
                            flag, beta=self.config.moment_beta, world_size=self.geo.world_size)  # fmt: skip
         if not dense:
+            if self._sent.numel() < payload.numel() - 1:  # a ramp's k after it (a resume)
+                self._sent = self._sent_buffer(self.geo.k)
             self._sent[: payload.numel() - 1].copy_(payload[:-1])
 
     def finish(self, moment, grad, masks, synced, *, update, next_mask, commit=True) -> None:

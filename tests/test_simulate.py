@@ -243,6 +243,11 @@ def test_the_fused_step_runs_a_ramp_as_the_blocked_step():
     torch.testing.assert_close(flat_params(fused.model), flat_params(blocked.model),
                                rtol=1e-5, atol=1e-6)  # fmt: skip
     assert all(torch.equal(x, y) for x, y in zip(blocked.masks, fused.masks, strict=True))
+    # Past the ramp (k=1 from step 5) each step holds its send copy at k=1's size only.
+    from scape.basis import selected_count
+
+    for step in (s for worker in fused.steps for s in worker):
+        assert step._sent.numel() == step.geo.world_size * selected_count(step.geo.shard_size, 8, 1)
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ Per rank, for the whole flat buffer (N entries, Megatron's layout):
 Megatron's grad buffer receives only the fresh gradient and is zeroed every step as usual;
 the moment is kept apart, so a non-finite step is dropped without touching it.
 
-Sized once: the payloads of every bucket (values and a finite flag, in the wire dtype) are
-views of one buffer, which a fused exchange all-reduces in place; the owner's masks are
-written into one send buffer and gathered into one of two receive buffers (the masks in use
-stay readable while the next step's arrive). ``masks[b]`` (W, n_b) uint8 chunk offsets of
+Sized once, for the largest k (and again for the config's k when a density ramp ends): the
+payloads of every bucket (values and a finite flag, in the wire dtype) are views of one
+buffer, which a fused exchange all-reduces in place; the owner's masks are written into one
+send buffer and gathered into one of two receive buffers (the masks in use stay readable
+while the next step's arrive). ``masks[b]`` (W, n_b) uint8 chunk offsets of
 bucket b's W shards, the same on every rank, for the coming step; shard j's row was made by
 rank j (its owner). Only the dense warm-up allocates per step (its payloads hold every entry).
 """
@@ -83,21 +84,12 @@ class ScapeState:
         self.step = 0  # steps taken, skipped ones included (as the simulator counts)
         self.updates = 0  # accepted steps: the rebuilt second moment's bias correction
         self.wire_dtype = WIRE_DTYPES[config.value_dtype]
-        # A density ramp (config.ramp_start_k) changes k from step to step: the buffers are
-        # sized once for the largest k, and a step sends at the k its masks were made for.
-        k_max = max(config.k_levels)
+        # A density ramp (config.ramp_start_k) changes k from step to step, and a step sends
+        # at the k its masks were made for: the buffers are sized for the largest k, and sized
+        # again for the config's k once the ramp is over (the ramp's first k is up to 10x it).
         self._offsets_by_k: dict[int, list[int]] = {}
-        # The sparse payloads (values and a flag per bucket), every bucket's a view of one buffer.
-        self._sparse_payload = torch.empty(
-            sum(self.world_size * self.mask_count(b, k_max) + 1 for b in range(len(shards))),
-            dtype=self.wire_dtype, device=device,
-        )  # fmt: skip
-        # Masks: this rank's own (every bucket's, back to back) and the gathered ones.
-        n_masks = self._mask_offsets(k_max)[-1]
-        self._mask_send = torch.empty(n_masks, dtype=torch.uint8, device=device)
-        self._mask_recv = [torch.empty(self.world_size * n_masks, dtype=torch.uint8,
-                                       device=device) for _ in range(2)]  # fmt: skip
         self._recv_next = 0  # which receive buffer the next exchange fills
+        self._size_buffers(max(config.k_levels))
         self.masks: list[Tensor] | None = None  # for the coming step; None: not known yet
         self.mask_k = config.k  # k of ``masks``
         self._next_k = config.k  # k of the masks this step makes
@@ -108,6 +100,27 @@ class ScapeState:
         self.payload: Tensor | None = None  # every bucket's payload, reduced in place
         self.payloads: list[Tensor] | None = None  # bucket b's view of it
         self._fused: _FusedExchange | None = None
+
+    def _size_buffers(self, k: int) -> None:
+        """Allocate the sparse payload (every bucket's values and flag, views of one buffer)
+        and the mask buffers (this rank's own masks back to back, and two receive buffers of
+        everyone's) for masks of up to ``k`` per chunk."""
+        self.buffer_k = k
+        self._sparse_payload = torch.empty(
+            sum(self.world_size * self.mask_count(b, k) + 1 for b in range(len(self.shards))),
+            dtype=self.wire_dtype, device=self.device,
+        )  # fmt: skip
+        n_masks = self._mask_offsets(k)[-1]
+        self._mask_send = torch.empty(n_masks, dtype=torch.uint8, device=self.device)
+        self._mask_recv = [torch.empty(self.world_size * n_masks, dtype=torch.uint8,
+                                       device=self.device) for _ in range(2)]  # fmt: skip
+
+    def _release_ramp_buffers(self) -> None:
+        """Size the buffers for the config's k once the ramp is over (k only falls, so no
+        later step needs more); the masks in use move to the new receive buffer."""
+        in_use, k = self.masks, self.mask_k
+        self._size_buffers(self.config.k)
+        self.set_masks(in_use, k)
 
     # ------------------------------------------------------------------ masks
     def own_range(self, b: int) -> tuple[int, int]:
@@ -166,6 +179,8 @@ class ScapeState:
             self.masks = None
             return
         k = self.config.k if k is None else k
+        if k > self.buffer_k:  # masks of a ramp's larger k into buffers sized after it
+            self._size_buffers(k)
         offsets = self._mask_offsets(k)
         recv = self._mask_recv[self._recv_next]
         per_rank = recv[: self.world_size * offsets[-1]].view(self.world_size, -1)
@@ -192,6 +207,9 @@ class ScapeState:
             self._next_k = self.config.k_at(self.step + 2)  # the step being run is step + 1
             for step in self.steps:
                 step.set_k(self.config.k if dense else self.mask_k, self._next_k)
+            ramp_over = self._next_k == self.config.k and (dense or self.mask_k == self.config.k)
+            if ramp_over and self.buffer_k > self.config.k:
+                self._release_ramp_buffers()
         sizes = [step.payload_numel(dense) for step in self.steps]
         if not dense:
             self.payload = self._sparse_payload[: sum(sizes)]

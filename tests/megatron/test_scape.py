@@ -128,7 +128,7 @@ def _train(
     twin = simulator = None
     if sim and rank == 0:
         twin, simulator = _simulator(shape_name, ddp, scape, spec, world_size, implementation)
-    out = {"losses": [], "digests": [], "mask_digests": [], "bytes": [], "sim": []}
+    out = {"losses": [], "digests": [], "mask_digests": [], "bytes": [], "sim": [], "buffer_k": []}
     for step in range(steps):
         before = dict(opt.scape.comm.counter.snapshot()) if scape else {}
         result = train_step(ddp, opt, _split(data[rank][step % 4]))
@@ -146,6 +146,7 @@ def _train(
         out["mask_digests"].append(_digest(used))
         after = opt.scape.comm.counter.snapshot()
         out["bytes"].append({k: after[k] - before.get(k, 0.0) for k in after})
+        out["buffer_k"].append(opt.scape.buffer_k)  # the k its payload and masks are sized for
         if simulator is not None:
             sim_result = simulator.step([d[step % 4] for d in data], _sim_loss)
             pairs = list(zip(model.parameters(), twin.parameters(), strict=True))
@@ -425,6 +426,10 @@ def test_a_density_ramp_is_the_simulators_to_the_bit(two):
         n = sum(selected_count(s, cfg.chunk, k_next) for s, _ in run["layout"])
         assert got["masks"] == pytest.approx(W * n * ring), f"step {t}"
     assert run["bytes"][1]["masks"] > run["bytes"][-1]["masks"]  # 10 per chunk, then 1
+    # The buffers hold the ramp's largest k until the first step that sends and makes masks
+    # at the config's k, then only that (up to 10x less payload and mask memory).
+    last_ramp = next(t for t in range(1, STEPS) if cfg.k_at(t) == cfg.k_at(t + 1) == cfg.k) - 1
+    assert run["buffer_k"] == [max(cfg.k_levels)] * last_ramp + [cfg.k] * (STEPS - last_ramp)
 
 
 @pytest.mark.parametrize("way", ["ramp", "ramp_megatron"])
