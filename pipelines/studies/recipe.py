@@ -171,10 +171,15 @@ def recipe_text(rec: dict[str, Any], index: RunIndex, labels: dict[str, str]) ->
             for m, r, h in ((m, r, entry["steps"][m]) for m, r in entry["ratios"].items())
         )  # fmt: skip
         if entry["multiplier"] is not None:
+            config = f"`conf/optimizer/{SHIPPED_CONFIGS[variant]}.yaml`"
+            held = {f: fam.get("shipped") == entry["multiplier"]
+                    for f, fam in entry.get("families", {}).items()}  # fmt: skip
+            carried = (f"{config} carries it (`lr_multiplier_by_family`)" if all(held.values()) else
+                       f"{config} carries it for {_names([f for f, h in held.items() if h])} and "
+                       f"x1 for {_names([f for f, h in held.items() if not h])}, where the "
+                       "transfer check has not found it holds (below)")  # fmt: skip
             lines.append(f"- **{label}**: lr x{entry['multiplier']:g} dense AdamS's on every "
-                         f"model ({seen}); `conf/optimizer/{SHIPPED_CONFIGS[variant]}.yaml` "
-                         "carries it as "
-                         "`lr_multiplier`.")  # fmt: skip
+                         f"model ({seen}); {carried}.")  # fmt: skip
             continue
         known = sorted({r for r in entry["ratios"].values() if r is not None})
         tune = (f"sweep `optimizer.lr_multiplier` over x{known[0] / 2:g}-x{known[-1] * 2:g} "
@@ -237,6 +242,10 @@ def _shipped_text(fam: dict[str, Any]) -> str:
     )
     verdict = "holds" if check["holds"] else "worse than x1"
     return f"x{shipped:g} (x1 / x{check['multiplier']:g} per seed: {losses}; {verdict})"
+
+
+def _names(families: list[str]) -> str:
+    return " and ".join(families) if families else "no family"
 
 
 def _pct(value: float | None) -> str:

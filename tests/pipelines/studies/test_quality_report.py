@@ -212,7 +212,7 @@ def test_verdict_reads_every_figure_from_the_runs_and_rewrites_the_marked_blocks
 
 
 def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
-    from pipelines.studies.recipe import recipe, recipe_text
+    from pipelines.studies.recipe import recipe, recipe_text, ship
 
     runs = []
     for model in ("llama", "gpt"):
@@ -233,6 +233,13 @@ def test_recipe_is_a_rule_only_where_every_model_agrees_on_closed_grids():
     assert out["methods"]["scape90"]["ratios"] == {"llama": None, "gpt": None}
     text = recipe_text(out, RunIndex(runs), {})
     assert "**SCAPE-99**: lr x2 dense AdamS's on every model" in text
+    # the config carries the rule for a family only where the transfer check found it holds
+    assert "carries it for no family and x1 for gpt and llama, where the transfer check" in text
+    check = {"multiplier": 2.0, "x1": [4.5, 4.5], "rule": [4.4, 4.4], "holds": True}
+    ship(out, {"checks": {S99: {"llama": check}}})
+    assert "carries it for llama and x1 for gpt, where" in recipe_text(out, RunIndex(runs), {})
+    ship(out, {"checks": {S99: {"llama": check, "gpt": check}}})
+    assert "carries it (`lr_multiplier_by_family`)" in recipe_text(out, RunIndex(runs), {})
     assert "**SCAPE-90**: no rule" in text and "llama (0.22M): grids not closed" in text
     # a third model that ran the method, with a closed grid at another ratio, withdraws it
     big = _grid("adams", "llama192", {0.5: [4.2], 1.0: [4.0], 2.0: [4.1]}, steps=1500)
