@@ -174,7 +174,7 @@ def test_frontier_prose_reads_every_figure_from_the_json(tmp_path):
 
 
 def test_frontier_figure_is_drawn(tmp_path):
-    from pipelines.studies.peers_report import plot_frontier
+    from pipelines.studies.peers_figures import plot_frontier
 
     _, doc = _doc(tmp_path, [("adams", "AdamS", 1.0, 1, 5.0), ("dgc99", "DGC-99", 1.0, 1, 5.5)])
     plot_frontier(doc, tmp_path / "frontier.png")
