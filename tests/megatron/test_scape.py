@@ -169,6 +169,8 @@ def _train(
             (s.size, b.num_selected) for s, b in zip(opt.scape.shards, opt.scape.bases, strict=True)
         ]
         out["dense_steps"] = opt.scape.config.dense_warmup_steps
+        # the fused step's copy of what it sent, per bucket (entries held after the last step)
+        out["sent_sizes"] = [s._sent.numel() for s in opt.scape.steps if hasattr(s, "_sent")]
     return out
 
 
@@ -208,6 +210,14 @@ def _ramp_cfg():
 RAMP_SAVE = 6  # steps before the ramp's checkpoint: its masks are for k_at(7)
 
 
+def _fused_ramp_cfg():
+    """The shipped SCAPE-99's shape in a few steps: 10 -> 1 per chunk of 100 over 3 sparse
+    steps, bf16 values on the wire."""
+    from scape.config import ScapeConfig
+
+    return ScapeConfig(chunk=100, k=1, ramp_start_k=10, ramp_steps=3, value_dtype="bfloat16")
+
+
 def _two_rank_suite(rank, world_size, ckpt_dir):
     _skip_wandb()
     from scape.config import ScapeConfig
@@ -243,6 +253,10 @@ def _two_rank_suite(rank, world_size, ckpt_dir):
                                 sim=True, implementation="fused")  # fmt: skip
     out["fused_bf16"] = _train(rank, world_size, "tiny-gpt", _gpt_cfg(), _spec(), steps=6,
                                bf16=True, implementation="fused")  # fmt: skip
+    # What GPU users run by default: the fused path, a density ramp and a bf16 wire, run past
+    # the ramp's end (where the buffers are sized again for k = 1).
+    out["fused_ramp"] = _train(rank, world_size, "tiny-gpt", _fused_ramp_cfg(), _spec(), steps=7,
+                               sim=True, implementation="fused")  # fmt: skip
     return out
 
 
@@ -410,7 +424,7 @@ def test_two_ranks_match_the_simulator_bit_for_bit(two, case):
 
 
 CASES_2 = ["gpt", "gpt_async", "gpt_sync", "gpt_fused", "llama", "every", "all_dense", "bf16",
-           "fused_llama", "fused_bf16", "ramp"]  # fmt: skip
+           "fused_llama", "fused_bf16", "fused_ramp", "ramp"]  # fmt: skip
 
 
 def test_a_density_ramp_is_the_simulators_to_the_bit(two):
@@ -448,6 +462,20 @@ def test_the_fused_path_matches_the_simulator_bit_for_bit(two):
     for step, s in enumerate(two[0]["fused_llama"]["sim"], 1):
         assert s["masks_equal"] and s["params_equal"], f"step {step}: {s['max_abs_diff']}"
         assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-12), f"step {step}"
+
+
+def test_the_fused_path_runs_the_shipped_ramp_as_the_simulator_and_then_holds_less(two):
+    """The fused kernels through a ramp and a bf16 wire, adapter against simulator, to the
+    bit; past the ramp the payload, masks and each bucket's send copy are sized for k = 1."""
+    from scape.basis import selected_count
+
+    cfg, run = _fused_ramp_cfg(), two[0]["fused_ramp"]
+    for step, s in enumerate(run["sim"], 1):
+        assert s["masks_equal"] and s["params_equal"], f"step {step}: {s['max_abs_diff']}"
+        assert s["grad_norm"][0] == pytest.approx(s["grad_norm"][1], rel=1e-12), f"step {step}"
+    assert run["buffer_k"][:3] == [10] * 3 and run["buffer_k"][-1] == cfg.k
+    assert run["sent_sizes"] == [selected_count(size, cfg.chunk, cfg.k) * len(two)
+                                 for size, _ in run["layout"]]  # fmt: skip
 
 
 @pytest.mark.parametrize(("fused", "blocked"), [("fused_llama", "llama"), ("fused_bf16", "bf16")])
