@@ -59,6 +59,17 @@ class StudyRun:
     cfg: PretrainConfig = field(compare=False, repr=False)
 
 
+def _trained_lr(run: StudyRun) -> float:
+    """The peak lr the run trained at, read off its own recorded config (the configs it is
+    planned from may have moved since: a recipe's new multiplier), else the planned one."""
+    summary = run.run_dir / SUMMARY_FILE
+    if summary.is_file():
+        optimizer = json.loads(summary.read_text()).get("config", {}).get("optimizer", {})
+        if "lr" in optimizer and optimizer.get("lr_multiplier") is not None:
+            return optimizer["lr"] * optimizer["lr_multiplier"]
+    return run.cfg.optimizer.scaled()["lr"]
+
+
 def final_val_loss(run: StudyRun) -> float | None:
     """The run's final validation loss once it finished every step (``math.inf`` when it
     diverged: a NaN loss); None while it has not."""
@@ -251,7 +262,7 @@ def frontier(
         methods.append({
             "method": method, "label": label,
             "lr_scale": choice.lr if choice else None,
-            "lr": mine[0].cfg.optimizer.scaled()["lr"] if choice else None,  # scale included
+            "lr": _trained_lr(mine[0]) if choice else None,  # scale included
             "closed": bool(choice and choice.closed),
             "grid": list(choice.grid) if choice else sorted({r.lr_scale for r in runs if r.method == method}),
             "seeds": list(choice.seeds) if choice else [],

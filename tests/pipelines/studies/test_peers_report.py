@@ -65,7 +65,7 @@ def test_time_to_target_uses_the_cluster_step_time_or_says_never():
 
 
 def _fake_run(root, method, label, lr, seed, final, *, steps=4, bytes_per_step=100.0,
-              commit="abc1234567890", dirty=False):  # fmt: skip
+              commit="abc1234567890", dirty=False, recorded=None):  # fmt: skip
     """A finished StudyRun on disk: summary.json, metrics.jsonl and provenance.json."""
     import json
     from types import SimpleNamespace
@@ -76,9 +76,10 @@ def _fake_run(root, method, label, lr, seed, final, *, steps=4, bytes_per_step=1
     run_dir.mkdir(parents=True)
     records = _records({steps: final}, bytes_per_step, steps)
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    (run_dir / "summary.json").write_text(
-        json.dumps({"status": "finished", "step": steps, "final_val_loss": final})
-    )
+    summary = {"status": "finished", "step": steps, "final_val_loss": final}
+    if recorded is not None:  # the optimizer config the run recorded: (lr, lr_multiplier)
+        summary["config"] = {"optimizer": {"lr": recorded[0], "lr_multiplier": recorded[1]}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "provenance.json").write_text(json.dumps({"commit": commit, "dirty": dirty}))
     opt = SimpleNamespace(scaled=lambda: {"lr": 6e-4 * lr})
     cfg = SimpleNamespace(train=SimpleNamespace(train_steps=steps), optimizer=opt)
@@ -128,6 +129,23 @@ def test_frontier_pairs_gaps_by_seed_at_each_methods_chosen_lr(tmp_path):
     assert adams["final"]["mean"] == pytest.approx(4.2) and adams["final"]["diverged"] == 0
     assert dgc["runs"] == ["DGC-99-lr1-seed1", "DGC-99-lr1-seed2"]
     assert doc["code"]["commits"] == [{"commit": "abc1234567890", "dirty": False, "runs": 4}]
+
+
+def test_the_frontiers_lr_is_the_one_the_run_recorded(tmp_path):
+    """A config changed after the runs (a recipe's new multiplier) does not change the lr the
+    frontier reports: it is read off each run's own summary."""
+    from pipelines.studies.peers_report import frontier
+
+    runs = [_fake_run(tmp_path, "adams", "AdamS", 1.0, s, 5.0, recorded=(6e-4, 1.0))
+            for s in (1, 2)]  # fmt: skip
+    for run in runs:  # planned today at twice the lr
+        run.cfg.optimizer.scaled = lambda: {"lr": 1.2e-3}
+    doc = frontier(runs, code={"version": "v1", "current": "v1", "other_versions": {}},
+                   setting=SETTING, unigram={"nats": 6.0, "tokens": 1000, "split": "train",
+                                             "data": "data/x"},
+                   projections={"adams": {"GPT-345M": 2.8e9}}, formula_here={"adams": 1000.0},
+                   command="cmd")  # fmt: skip
+    assert doc["methods"][0]["lr"] == 6e-4
 
 
 def test_an_unfinished_run_is_not_counted(tmp_path):
