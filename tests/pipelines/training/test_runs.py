@@ -56,7 +56,8 @@ def test_a_run_of_changed_settings_is_set_aside_not_deleted(tmp_path):
     claim_run_dir(cfg, run_dir)
     (run_dir / "metrics.jsonl").write_text("{}\n")
     assert not holds_other_run(cfg, run_dir)
-    changed = compose(["optimizer=scape99", f"output_root={tmp_path}", "optimizer.lr_multiplier=2"])
+    other_lr = f"optimizer.lr_multiplier={2 * cfg.optimizer.lr_multiplier:g}"  # not the recipe's
+    changed = compose(["optimizer=scape99", f"output_root={tmp_path}", other_lr])
     assert holds_other_run(changed, run_dir)
     moved = set_aside(run_dir)
     assert moved.parent == run_dir.parent / ".superseded"
