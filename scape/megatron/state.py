@@ -205,10 +205,11 @@ class ScapeState:
         dense = self.step_is_dense()
         if self.config.ramp_start_k:  # the masks' k now, the schedule's for the ones made now
             self._next_k = self.config.k_at(self.step + 2)  # the step being run is step + 1
+            k = self.config.k if dense else self.mask_k
             for step in self.steps:
-                step.set_k(self.config.k if dense else self.mask_k, self._next_k)
-            ramp_over = self._next_k == self.config.k and (dense or self.mask_k == self.config.k)
-            if ramp_over and self.buffer_k > self.config.k:
+                step.set_k(k, self._next_k)
+            # the ramp is over where the steps' own set_k says so: k only falls
+            if k == self._next_k == self.config.k and self.buffer_k > self.config.k:
                 self._release_ramp_buffers()
         sizes = [step.payload_numel(dense) for step in self.steps]
         if not dense:
