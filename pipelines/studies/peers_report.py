@@ -59,24 +59,27 @@ class StudyRun:
     cfg: PretrainConfig = field(compare=False, repr=False)
 
 
+def _summary(run: StudyRun) -> dict[str, Any] | None:
+    """The run's own summary.json (None before it wrote one)."""
+    path = run.run_dir / SUMMARY_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def _trained_lr(run: StudyRun) -> float:
     """The peak lr the run trained at, read off its own recorded config (the configs it is
     planned from may have moved since: a recipe's new multiplier), else the planned one."""
-    summary = run.run_dir / SUMMARY_FILE
-    if summary.is_file():
-        optimizer = json.loads(summary.read_text()).get("config", {}).get("optimizer", {})
-        if "lr" in optimizer and optimizer.get("lr_multiplier") is not None:
-            return optimizer["lr"] * optimizer["lr_multiplier"]
+    optimizer = (_summary(run) or {}).get("config", {}).get("optimizer", {})
+    if "lr" in optimizer and optimizer.get("lr_multiplier") is not None:
+        return optimizer["lr"] * optimizer["lr_multiplier"]
     return run.cfg.optimizer.scaled()["lr"]
 
 
 def final_val_loss(run: StudyRun) -> float | None:
     """The run's final validation loss once it finished every step (``math.inf`` when it
     diverged: a NaN loss); None while it has not."""
-    path = run.run_dir / SUMMARY_FILE
-    if not path.is_file():
+    summary = _summary(run)
+    if summary is None:
         return None
-    summary = json.loads(path.read_text(encoding="utf-8"))
     if summary.get("status") != "finished" or summary.get("step") != run.cfg.train.train_steps:
         return None
     loss = summary.get("final_val_loss")
