@@ -55,6 +55,7 @@ STEP_SOURCES = (
     *(f"scape/{name}.py" for name in ("adams", "basis", "comm", "config", "layout", "shard",
                                       "simulate", "step", "fused")),
     "scape/peers/dgc.py", "scape/megatron/models.py", "scape/megatron/train.py",
+    "pipelines/training/loop.py", "pipelines/training/simulator_engine.py",
     *(f"pipelines/studies/{name}.py" for name in ("quality_run", "quality_data", "readings",
                                                    "quality_config")),
 )  # fmt: skip

@@ -27,10 +27,6 @@ class StudyData:
     data: TrainingData
     vocab_size: int  # padded, as the model needs it
 
-    def worker_batches(self, step: int) -> list[Batch]:
-        """The W batches of step ``step`` (0-based), worker w's first."""
-        return [self.data.rank_batch(step, w) for w in range(self.data.world_size)]
-
     def validation_batches(self, max_sequences: int | None, batch_size: int) -> list[Batch]:
         n = len(self.data.validation)
         if max_sequences is not None:

@@ -6,6 +6,13 @@ buffer every worker steps with (``scape.step``, as the Megatron adapter runs it)
 collectives replaced by sums in rank order. The model is Megatron-Core's GPTModel (the
 project's training engine) in a one-rank gloo group with TP = PP = 1.
 
+A run goes through the pretrain stage's loop (:func:`pipelines.training.loop.run_loop`) and
+its simulator engine (:class:`~pipelines.training.simulator_engine.SimulatorEngine`), as a
+user's ``train.engine=simulator`` run does. What the study sets differently is stated here:
+its schedule (:func:`lr_at`, whose cosine runs one step behind Megatron's), its parameter
+layout (the simulator's contiguous one, not Megatron's buckets), one micro-batch per worker,
+and its records, evaluation and checkpoints (:class:`_StudySteps`).
+
 Resuming: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
 ``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
 skipped. Every ``checkpoint_s`` seconds of wall time (at a logged step) it also writes
@@ -175,6 +182,61 @@ def build_simulator(
                      scape=variant.scape_config())  # fmt: skip
 
 
+class _StudySteps:
+    """The study's part of :func:`~pipelines.training.loop.run_loop`: its records (every
+    :data:`LOG_EVERY` steps and every validation point), the divergence rule (which sees every
+    step), the JSONL and wall-time checkpoints."""
+
+    def __init__(self, spec: RunSpec, engine: Any, log: Any, rule: DivergenceRule,
+                 val_batches: list[Batch], checkpoint: Any, checkpoint_s: float) -> None:  # fmt: skip
+        self.spec, self.engine, self.log, self.rule = spec, engine, log, rule
+        self.val_batches, self.checkpoint, self.checkpoint_s = val_batches, checkpoint, checkpoint_s
+        scale = spec.scale
+        self.tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
+        self.last_ckpt = time.perf_counter()
+        self.skipped, self.diverged, self.last_val = 0, False, float("nan")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.log.write(json.dumps(record) + "\n")
+        self.log.flush()
+
+    def record(self, step: int, lr: float, result: Any) -> dict[str, Any]:
+        detail = self.engine.last  # the simulator's own result: overlap and moment norms
+        record: dict[str, Any] = {
+            "step": step,
+            "tokens": step * self.tokens_per_step,
+            "loss": result.loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "skipped": not result.updated,
+            "bytes": sum(self.engine.bytes_last_step().values()),
+        }
+        if detail.mask_overlap is not None:
+            record["mask_overlap"] = detail.mask_overlap
+        if detail.moment_norm is not None:
+            record["moment_norm"] = detail.moment_norm
+        self.skipped += int(not result.updated)
+        return record
+
+    def ends_run(self, record: dict[str, Any]) -> bool:
+        self.diverged = self.rule.diverged(record["loss"])
+        return self.diverged
+
+    def evaluate(self) -> float:
+        self.last_val = evaluate(self.engine.model, self.val_batches)
+        self.diverged = self.diverged or not math.isfinite(self.last_val)
+        return self.last_val
+
+    def finish_step(self, record: dict[str, Any], last: bool) -> bool:
+        step = record["step"]
+        if last or "val_loss" in record or step % LOG_EVERY == 0:
+            self.write(record)
+            if not last and time.perf_counter() - self.last_ckpt >= self.checkpoint_s:
+                self.checkpoint(step)
+                self.last_ckpt = time.perf_counter()
+        return self.diverged  # nothing more to learn from a diverged run; counted as such
+
+
 def train_run(
     spec: RunSpec,
     data: StudyData,
@@ -184,7 +246,8 @@ def train_run(
     code: dict[str, Any] | None = None,
     checkpoint_s: float = 300.0,
 ) -> dict[str, Any]:
-    """Train one run, writing its JSONL; return the final record. ``code``: the
+    """Train one run through the pretrain stage's loop and simulator engine, writing its
+    JSONL; return the final record. ``code``: the
     :func:`~pipelines.studies.protocol.code_version` the header records.
 
     ``val_batches`` (a fixed subset, cheap) give the curve every ``eval_interval`` steps;
@@ -192,6 +255,9 @@ def train_run(
     ``checkpoint_s``: wall seconds between checkpoints (0: at every logged step), from which
     an interrupted run resumes.
     """
+    from pipelines.training.loop import FunctionSchedule, run_loop
+    from pipelines.training.simulator_engine import SimulatorEngine
+
     out_dir.mkdir(parents=True, exist_ok=True)
     final_path = out_dir / f"{spec.run_id}.jsonl"
     done = completed_run(final_path, spec.fingerprint())
@@ -201,43 +267,40 @@ def train_run(
     model = build_model(spec, data.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     hparams = AdamHParams(**{**scale.shared(), "lr": scale.lr * spec.lr_scale})
-    sim = build_simulator(model, spec.variant, scale.world_size, hparams)
-    tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
+    engine = SimulatorEngine.around(build_simulator(model, spec.variant, scale.world_size, hparams))
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
     ckpt = out_dir / f"{spec.run_id}.ckpt"
-    start = last_ckpt = time.perf_counter()
-    skipped, diverged, last_val, first, before = 0, False, float("nan"), 0, 0.0
+    start = time.perf_counter()
+    first, skipped, last_val, before = 0, 0, float("nan"), 0.0
     rule = DivergenceRule(data.vocab_size)
     resumed = _load_checkpoint(ckpt, partial, spec, code)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
-        load_simulator_state(sim, resumed["simulator"])
+        load_simulator_state(engine.simulator, resumed["simulator"])
         vars(rule).update(resumed["rule"])
         torch.set_rng_state(resumed["rng"])
         first, skipped, last_val, before = (resumed[k] for k in ("step", "skipped", "last_val",
                                                                   "seconds"))  # fmt: skip
         print(f"{spec.run_id}: resuming at step {first} from its checkpoint", flush=True)
+
+    def checkpoint(step: int) -> None:
+        """Everything the steps after ``step`` read, beside the log so far."""
+        state = {
+            "fingerprint": spec.fingerprint(), "step_code": (code or {}).get("step_code"),
+            "step": step, "skipped": steps.skipped, "last_val": steps.last_val,
+            "seconds": before + time.perf_counter() - start,
+            "log_bytes": partial.stat().st_size,
+            "rule": dict(vars(rule)), "rng": torch.get_rng_state(),
+            "model": model.state_dict(), "simulator": simulator_state(engine.simulator),
+        }  # fmt: skip
+        torch.save(state, ckpt.with_suffix(".ckpt.tmp"))
+        os.replace(ckpt.with_suffix(".ckpt.tmp"), ckpt)  # never a half-written checkpoint
+
     with open(partial, "w" if resumed is None else "a", encoding="utf-8") as log:
-
-        def write(record: dict[str, Any]) -> None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-
-        def checkpoint(step: int) -> None:
-            """Everything the steps after ``step`` read, beside the log so far."""
-            state = {
-                "fingerprint": spec.fingerprint(), "step_code": (code or {}).get("step_code"),
-                "step": step, "skipped": skipped, "last_val": last_val,
-                "seconds": before + time.perf_counter() - start,
-                "log_bytes": partial.stat().st_size,
-                "rule": dict(vars(rule)), "rng": torch.get_rng_state(),
-                "model": model.state_dict(), "simulator": simulator_state(sim),
-            }  # fmt: skip
-            torch.save(state, ckpt.with_suffix(".ckpt.tmp"))
-            os.replace(ckpt.with_suffix(".ckpt.tmp"), ckpt)  # never a half-written checkpoint
-
+        steps = _StudySteps(spec, engine, log, rule, val_batches, checkpoint, checkpoint_s)
+        steps.skipped, steps.last_val = skipped, last_val
         if resumed is None:
-            write(
+            steps.write(
                 {
                     "event": "header",
                     "run_id": spec.run_id,
@@ -257,43 +320,21 @@ def train_run(
                     },
                 }
             )
-        for step in range(first, scale.steps):
-            lr = lr_at(step, scale) * spec.lr_scale
-            result = sim.step(data.worker_batches(step), lm_loss, lr=lr)
-            record: dict[str, Any] = {
-                "step": result.step,
-                "tokens": result.step * tokens_per_step,
-                "loss": result.loss,
-                "lr": lr,
-                "grad_norm": result.grad_norm,
-                "skipped": result.skipped,
-                "bytes": sum(result.bytes.values()),
-            }
-            if result.mask_overlap is not None:
-                record["mask_overlap"] = result.mask_overlap
-            if result.moment_norm is not None:
-                record["moment_norm"] = result.moment_norm
-            skipped += int(result.skipped)
-            diverged = rule.diverged(result.loss)
-            last = diverged or result.step == scale.steps
-            if last or result.step % scale.eval_interval == 0:
-                last_val = evaluate(model, val_batches)
-                record["val_loss"] = last_val
-                diverged = diverged or not math.isfinite(last_val)
-            if last or "val_loss" in record or result.step % LOG_EVERY == 0:
-                write(record)
-                if not last and time.perf_counter() - last_ckpt >= checkpoint_s:
-                    checkpoint(result.step)
-                    last_ckpt = time.perf_counter()
-            if diverged:
-                break  # nothing more to learn from a diverged run; it is counted as such
+        # the study's schedule (lr_at) scaled by the run's lr multiplier; each worker's batch
+        # is one micro-batch
+        schedule = FunctionSchedule(engine.optimizer, lambda t: lr_at(t, scale) * spec.lr_scale,
+                                    done=first)  # fmt: skip
+        end = run_loop(engine, schedule, data.data, steps, start=first, steps=scale.steps,
+                       eval_interval=scale.eval_interval,
+                       micro_batch_size=scale.batch_per_worker)  # fmt: skip
         final_val = evaluate(model, final_val_batches)
+        sim = engine.simulator
         final = {
             "event": FINAL,
-            "steps": result.step,
-            "final_val_loss": final_val if math.isfinite(final_val) else last_val,
-            "diverged": diverged,
-            "skipped_steps": skipped,
+            "steps": end.step,
+            "final_val_loss": final_val if math.isfinite(final_val) else steps.last_val,
+            "diverged": steps.diverged,
+            "skipped_steps": steps.skipped,
             "spike_steps": rule.spike_steps,
             # R3 (stale replicas): the oldest a replica entry got, and the largest relative
             # distance of a replica from the owners' values at the end
@@ -304,8 +345,8 @@ def train_run(
         if scape_cfg is not None and scape_cfg.ramp_start_k:
             # a ramp's steps send unequal bytes and only every LOG_EVERY-th is logged: its
             # whole run's (only a ramp's record carries it, so older runs replay unchanged)
-            final["run_bytes"] = sim.run_bytes(result.step)
-        write(final)
+            final["run_bytes"] = sim.run_bytes(end.step)
+        steps.write(final)
     os.replace(partial, final_path)  # the rename marks the run finished
     ckpt.unlink(missing_ok=True)
     return final

@@ -24,7 +24,7 @@ The simulator keeps fp32 params; bf16 and the peer baselines run on the Megatron
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,22 @@ def _micro_batch_loss(model: nn.Module, micro_batches: list[Batch]) -> Tensor:
 class SimulatorEngine(EngineCommon):
     """W simulated workers in this one process (the process group has one rank)."""
 
-    cfg: PretrainConfig
+    cfg: PretrainConfig | None  # None: a study's engine (:meth:`around`), which cannot export
     model: nn.Module
     simulator: Any  # scape.simulate.Simulator
     optimizer: ScheduledGroups
-    data_dir: Path
+    data_dir: Path | None
     device: torch.device
-    _last_bytes: dict[str, float] = field(default_factory=dict)
+    last: Any = None  # the simulator's result of the last step (scape.simulate.StepResult)
+
+    @classmethod
+    def around(cls, simulator: Any) -> SimulatorEngine:
+        """An engine over a simulator built elsewhere: the quality studies' (a library
+        method's on the study's layout, or a reading's). It trains, evaluates and saves as
+        any engine does; without a pretrain config it does not export."""
+        device = next(simulator.model.parameters()).device
+        groups = ScheduledGroups(simulator.hp.lr, simulator.hp.weight_decay)
+        return cls(None, simulator.model, simulator, groups, None, device)
 
     def data_ranks(self, rank: int) -> list[int]:
         """Every worker's data: this process is all of them."""
@@ -104,13 +113,13 @@ class SimulatorEngine(EngineCommon):
         result = self.simulator.step(micro_batches, _micro_batch_loss, lr=lr)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self._last_bytes = dict(result.bytes)
+        self.last = result
         return StepResult(result.loss, result.grad_norm, not result.skipped,
                           time.perf_counter() - start)  # fmt: skip
 
     def bytes_last_step(self) -> dict[str, float]:
         """Bytes one rank would send (ring accounting), by kind of traffic."""
-        return self._last_bytes
+        return {} if self.last is None else dict(self.last.bytes)
 
     def check_consistency(self, step: int) -> None:
         """One model holds every replica: nothing can diverge."""

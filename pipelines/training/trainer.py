@@ -33,6 +33,7 @@ from pipelines.training.checkpoint import (
 from pipelines.training.config import PretrainConfig
 from pipelines.training.data import load_training_data
 from pipelines.training.engine import build_engine
+from pipelines.training.loop import run_loop
 from pipelines.training.tracking import RunLogger
 
 __all__ = ["train_rank"]
@@ -185,6 +186,55 @@ def _build_scheduler(optimizer, cfg: PretrainConfig):
     )
 
 
+class _PretrainSteps:
+    """The pretrain stage's part of :func:`~pipelines.training.loop.run_loop`: records with
+    the rank-mean loss and the step's speed, ``metrics.jsonl`` (and W&B), progress lines,
+    consistency checks, step-interval checkpoints and preemption."""
+
+    def __init__(self, cfg: PretrainConfig, training, scheduler, data, rank: int, run: Path,
+                 logger, progress: Progress) -> None:  # fmt: skip
+        self.cfg, self.training, self.scheduler, self.data = cfg, training, scheduler, data
+        self.rank, self.run, self.logger, self.progress = rank, run, logger, progress
+        self.preemption = _Preemption()
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+        self.val_loss: float | None = None  # the latest evaluation's
+        self.preempted = False  # on every rank once any rank has been signalled
+
+    def record(self, step: int, lr: float, result) -> dict[str, Any]:
+        loss = _all_mean(result.loss)
+        if not math.isfinite(loss):
+            self.logger.warn(f"step {step}: non-finite loss {loss}")
+        return {
+            "step": step,
+            "tokens": step * self.tokens_per_step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "skipped": not result.updated,
+            "step_time": result.seconds,
+            "tokens_per_s": self.tokens_per_step / result.seconds,
+            "bytes": self.training.bytes_last_step(),
+        }
+
+    def ends_run(self, record: dict[str, Any]) -> bool:
+        return False  # a pretrain run trains its steps (a non-finite loss is warned about)
+
+    def evaluate(self) -> float:
+        self.val_loss = evaluate(self.training, self.data, self.rank, self.cfg)
+        return self.val_loss
+
+    def finish_step(self, record: dict[str, Any], last: bool) -> bool:
+        step, t = record["step"], self.cfg.train
+        if step % t.consistency_check_interval == 0:
+            self.training.check_consistency(step)
+        self.logger.log(record)
+        self.progress.advance_to(step, loss=record["loss"], val=self.val_loss)
+        self.preempted = _any(self.preemption.requested)
+        if step % t.checkpoint_interval == 0 or last or self.preempted:
+            _save(self.training, self.scheduler, step, self.run, self.cfg)
+        return self.preempted
+
+
 def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) -> dict[str, Any]:
     """Train (or resume) until ``cfg.train.train_steps``; returns a summary (rank 0's is written)."""
     run = Path(run_dir)
@@ -221,54 +271,24 @@ def train_rank(rank: int, world_size: int, cfg: PretrainConfig, run_dir: str) ->
         initial=start_step,
         bar=False,
     )
-    preemption = _Preemption()
-    tokens_per_step = t.global_batch_size * cfg.model.seq_length
-    val_loss = None
-    step = start_step
     run_start = time.perf_counter()
     started_at = time.time()
-    while step < t.train_steps:
-        # Advance first: the scheduler sets the lr for its `num_steps`, so step 1 gets the
-        # first warm-up lr rather than Megatron's lr_warmup_init of 0.
-        scheduler.step(1)
-        lr = training.current_lr()
-        result = training.step_on(data, step, rank, t.micro_batch_size)
-        step += 1
-        loss = _all_mean(result.loss)
-        if not math.isfinite(loss):
-            logger.warn(f"step {step}: non-finite loss {loss}")
-        record = {
-            "step": step,
-            "tokens": step * tokens_per_step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": result.grad_norm,
-            "skipped": not result.updated,
-            "step_time": result.seconds,
-            "tokens_per_s": tokens_per_step / result.seconds,
-            "bytes": training.bytes_last_step(),
-        }
-        if step % t.eval_interval == 0 or step == t.train_steps:
-            val_loss = evaluate(training, data, rank, cfg)
-            record["val_loss"] = val_loss
-        if step % t.consistency_check_interval == 0:
-            training.check_consistency(step)
-        logger.log(record)
-        progress.advance_to(step, loss=loss, val=val_loss)
-        stop = _any(preemption.requested)
-        if step % t.checkpoint_interval == 0 or step == t.train_steps or stop:
-            _save(training, scheduler, step, run, cfg)
-        if stop:
-            progress.close()
-            logger.warn(f"preemption requested: checkpointed at step {step}, exiting for requeue")
-            logger.finish()
-            preemption.hand_back()  # inside submitit: requeue now that the checkpoint exists
-            return {"status": "preempted", "step": step}
+    steps = _PretrainSteps(cfg, training, scheduler, data, rank, run, logger, progress)
+    end = run_loop(training, scheduler, data, steps, start=start_step, steps=t.train_steps,
+                   eval_interval=t.eval_interval, micro_batch_size=t.micro_batch_size,
+                   rank=rank)  # fmt: skip
+    step = end.step
+    if steps.preempted:
+        progress.close()
+        logger.warn(f"preemption requested: checkpointed at step {step}, exiting for requeue")
+        logger.finish()
+        steps.preemption.hand_back()  # inside submitit: requeue now that the checkpoint exists
+        return {"status": "preempted", "step": step}
     summary = {
         "status": "finished",
         "step": step,
         "resumed_from": start_step,
-        "final_val_loss": val_loss,
+        "final_val_loss": steps.val_loss,
         "wall_clock_s_this_session": time.perf_counter() - run_start,
         "session_started_at": started_at,  # unix time, for telling concurrent runs apart
         "finished_at": time.time(),

@@ -204,28 +204,28 @@ data = load_study_data(data_dir, seed=0, seq_length=s.seq_length, world_size=s.w
                        cache_dir=f"{out}/cache")
 val, final = data.validation_batches(16, batch_size=64), data.validation_batches(None, 64)
 code = {"commit": None, "dirty": False, "step_code": "v1"}
-batches = data.worker_batches
+batches = data.data.rank_micro_batches  # what the loop's simulator engine reads
 
 
 class Crash(Exception):
     pass
 
 
-def crash_at_17(step):
+def crash_at_17(step, rank, micro_batch_size):
     if step == 17:
         raise Crash
-    return batches(step)
+    return batches(step, rank, micro_batch_size)
 
 
 for name in cfg.variants:
     spec = RunSpec(s.models[0], name, cfg.variants[name], 0, s, data_dir)
     train_run(spec, data, val, final, Path(out) / "straight", code, checkpoint_s=0)
-    data.worker_batches = crash_at_17
+    data.data.rank_micro_batches = crash_at_17
     try:
         train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
     except Crash:
         print(name, "crashed; checkpoint:", (Path(out) / "cut" / f"{spec.run_id}.ckpt").exists())
-    data.worker_batches = batches
+    data.data.rank_micro_batches = batches
     train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
 """
 
