@@ -25,6 +25,36 @@ def test_lr_schedule_warms_up_then_decays_to_min(compose_study) -> None:
     )
 
 
+def test_the_study_schedule_is_megatrons_with_its_cosine_one_step_behind(compose_study) -> None:
+    """What quality_run's docstring states of the study's schedule against the one users'
+    runs get (Megatron's scheduler, as the pretrain stage builds it), both driven by the loop's
+    calls: the same warm-up, then the study's lr at step t is Megatron's at t - 1."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from pipelines.training.loop import FunctionSchedule
+    from pipelines.training.simulator_engine import ScheduledGroups
+
+    scale = replace(compose_study().scale, steps=40, warmup_steps=6)
+    study_groups, megatron_groups = ScheduledGroups(0.0, 0.0), ScheduledGroups(0.0, 0.0)
+    study = FunctionSchedule(study_groups, lambda t: lr_at(t, scale))
+    megatron = OptimizerParamScheduler(
+        megatron_groups, init_lr=0.0, max_lr=scale.lr, min_lr=scale.min_lr,
+        lr_warmup_steps=scale.warmup_steps, lr_decay_steps=scale.steps,
+        lr_decay_style="cosine", start_wd=0.0, end_wd=0.0, wd_incr_steps=scale.steps,
+        wd_incr_style="constant",
+    )  # fmt: skip
+    ours, theirs = [], []
+    for _ in range(scale.steps):
+        study.step(1)
+        megatron.step(1)
+        ours.append(study_groups.param_groups[0]["lr"])
+        theirs.append(megatron_groups.param_groups[0]["lr"])
+    w = scale.warmup_steps
+    assert ours[:w] == pytest.approx(theirs[:w], rel=1e-12)
+    assert ours[w] == pytest.approx(scale.lr) and ours[w + 1 :] == pytest.approx(theirs[w:-1])
+    assert theirs[-1] == pytest.approx(scale.min_lr) and ours[-1] > theirs[-1]
+
+
 def test_completed_run_needs_final_record_and_same_fingerprint(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"event": "header", "fingerprint": "abc"}) + "\n")
