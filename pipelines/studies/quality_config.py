@@ -25,6 +25,9 @@ from scape.config import (
 )
 
 METHODS = ("adamw", "adams", "scape", "reading")
+PATHS = ("study", "product")  # ScaleConfig.path
+# scale settings a run's fingerprint leaves out at these values (added after runs were stored)
+DEFAULTS_UNHASHED = (("device", "cpu"), ("path", "study"))
 
 __all__ = [
     "ModelSpec",
@@ -70,6 +73,16 @@ class ScaleConfig(AdamHParams, _ScaleShape):
     preset under conf/quality/scale/ sets its own lr and min_lr)."""
 
     device: str = "cpu"  # "cuda" runs the model and the simulator's state on the GPU
+    # "study": the verdict's runs (the simulator's contiguous parameter layout, the study's
+    # schedule lr_at, one micro-batch per worker). "product": what a user's
+    # `train.engine=simulator` pretrain run does with these settings (Megatron DDP's bucket
+    # layout, Megatron's lr scheduler, the pretrain stage's micro-batch size), to measure
+    # whether the verdict carries over to it.
+    path: str = "study"
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"scale.path={self.path!r}: use one of {', '.join(PATHS)}")
 
 
 @dataclass
@@ -253,8 +266,9 @@ class RunSpec:
                 # clip_grad under the name it had when the stored runs were made
                 ("max_grad_norm" if k == "clip_grad" else k): v
                 for k, v in asdict(self.scale).items()
-                # the device only when not the CPU, so CPU runs made before it keep theirs
-                if k not in ("name", "models") and (k != "device" or v != "cpu")
+                # the device and the path only when not their defaults, so runs made before
+                # them keep their fingerprints
+                if k not in ("name", "models") and (k, v) not in DEFAULTS_UNHASHED
             },
         }
         if self.lr_scale != 1.0:

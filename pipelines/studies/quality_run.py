@@ -77,14 +77,12 @@ def init_megatron_single_process() -> None:
         parallel_state.initialize_model_parallel(1, 1)
 
 
-def build_model(spec: RunSpec, vocab_size: int) -> nn.Module:
-    """The run's GPTModel; weights depend only on the seed (CPU initialization)."""
-    from megatron.core import tensor_parallel
-
-    from scape.megatron.models import ModelShape, build_gpt_model
+def model_shape(spec: RunSpec, vocab_size: int):
+    """The run's :class:`scape.megatron.models.ModelShape`."""
+    from scape.megatron.models import ModelShape
 
     m = spec.model
-    shape = ModelShape(
+    return ModelShape(
         m.name,
         m.family,  # type: ignore[arg-type]
         m.num_layers,
@@ -95,14 +93,23 @@ def build_model(spec: RunSpec, vocab_size: int) -> nn.Module:
         spec.scale.seq_length,
         num_query_groups=m.num_query_groups,
     )
+
+
+def build_model(spec: RunSpec, vocab_size: int) -> nn.Module:
+    """The run's GPTModel; weights depend only on the seed (CPU initialization)."""
+    from megatron.core import tensor_parallel
+
+    from scape.megatron.models import build_gpt_model
+
     torch.manual_seed(spec.seed)
     tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
-    _, model = build_gpt_model(shape, device=spec.scale.device)
+    _, model = build_gpt_model(model_shape(spec, vocab_size), device=spec.scale.device)
     return model
 
 
 def lr_at(step: int, scale: ScaleConfig) -> float:
-    """Linear warm-up to ``lr`` over ``warmup_steps``, cosine to ``min_lr`` at the last step."""
+    """The study's schedule: linear warm-up to ``lr`` over ``warmup_steps``, then a cosine
+    that would reach ``min_lr`` one step after the last (Megatron's reaches it at the last)."""
     if step < scale.warmup_steps:
         return scale.lr * (step + 1) / scale.warmup_steps
     span = max(1, scale.steps - scale.warmup_steps)
@@ -169,17 +176,62 @@ class DivergenceRule:
 
 
 def build_simulator(
-    model: nn.Module, variant: VariantSpec, world_size: int, hparams: AdamHParams
+    model: nn.Module,
+    variant: VariantSpec,
+    world_size: int,
+    hparams: AdamHParams,
+    layout: Any = None,
 ) -> Simulator:
     """The simulator that trains ``model`` as ``variant`` says: a reading's, or the library's
-    (dense AdamS/AdamW, SCAPE)."""
+    (dense AdamS/AdamW, SCAPE). ``layout``: a :class:`scape.layout.FlatLayout` for SCAPE's
+    shards (None: the simulator's contiguous one)."""
     if variant.method == "reading":
+        if layout is not None:
+            raise ValueError("scale.path=product: the readings run on the study's layout only; "
+                             "use scale.path=study for them")  # fmt: skip
         from pipelines.studies.readings import ReadingConfig, build_reading_simulator
 
         reading = ReadingConfig(**variant.run_options())
         return build_reading_simulator(model, world_size, hparams, reading)
     return Simulator(model, world_size, method=variant.method, hparams=hparams,
-                     scape=variant.scape_config())  # fmt: skip
+                     scape=variant.scape_config(), layout=layout)  # fmt: skip
+
+
+def _path_choices(spec: RunSpec, vocab_size: int) -> tuple[Any, int]:
+    """The layout (None: the simulator's contiguous one) and micro-batch size of the run's
+    ``scale.path``: the study's, or a user's ``train.engine=simulator`` run's defaults."""
+    scale = spec.scale
+    if scale.path == "study":
+        return None, scale.batch_per_worker  # one micro-batch per worker
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.simulator_engine import megatron_layout
+
+    micro = min(TrainConfig.micro_batch_size, scale.batch_per_worker)
+    if scale.batch_per_worker % micro:
+        raise ValueError(f"scale.batch_per_worker={scale.batch_per_worker} is not a multiple of "
+                         f"the pretrain stage's micro_batch_size {micro}: use a multiple")  # fmt: skip
+    layout = megatron_layout(model_shape(spec, vocab_size), scale.world_size,
+                             torch.device(scale.device), bucket_size=TrainConfig.bucket_size,
+                             overlap_grad_reduce=TrainConfig.overlap_grad_reduce,
+                             overlap_param_gather=TrainConfig.overlap_param_gather)  # fmt: skip
+    return layout, micro
+
+
+def _schedule(spec: RunSpec, optimizer: Any, done: int) -> Any:
+    """The lr schedule of the run's ``scale.path`` over ``optimizer``'s param groups, at
+    ``done`` steps: the study's :func:`lr_at` or Megatron's scheduler, both scaled by the run's
+    lr multiplier."""
+    from pipelines.training.loop import FunctionSchedule, megatron_schedule
+
+    scale, x = spec.scale, spec.lr_scale
+    if scale.path == "study":
+        return FunctionSchedule(optimizer, lambda t: lr_at(t, scale) * x, done=done)
+    schedule = megatron_schedule(optimizer, lr=scale.lr * x, min_lr=scale.min_lr * x,
+                                 warmup_steps=scale.warmup_steps, steps=scale.steps,
+                                 weight_decay=scale.weight_decay)  # fmt: skip
+    if done:
+        schedule.step(done)
+    return schedule
 
 
 class _StudySteps:
@@ -255,7 +307,7 @@ def train_run(
     ``checkpoint_s``: wall seconds between checkpoints (0: at every logged step), from which
     an interrupted run resumes.
     """
-    from pipelines.training.loop import FunctionSchedule, run_loop
+    from pipelines.training.loop import run_loop
     from pipelines.training.simulator_engine import SimulatorEngine
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -267,7 +319,9 @@ def train_run(
     model = build_model(spec, data.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     hparams = AdamHParams(**{**scale.shared(), "lr": scale.lr * spec.lr_scale})
-    engine = SimulatorEngine.around(build_simulator(model, spec.variant, scale.world_size, hparams))
+    layout, micro_batch_size = _path_choices(spec, data.vocab_size)
+    engine = SimulatorEngine.around(build_simulator(model, spec.variant, scale.world_size,
+                                                    hparams, layout))  # fmt: skip
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
     ckpt = out_dir / f"{spec.run_id}.ckpt"
     start = time.perf_counter()
@@ -320,13 +374,9 @@ def train_run(
                     },
                 }
             )
-        # the study's schedule (lr_at) scaled by the run's lr multiplier; each worker's batch
-        # is one micro-batch
-        schedule = FunctionSchedule(engine.optimizer, lambda t: lr_at(t, scale) * spec.lr_scale,
-                                    done=first)  # fmt: skip
-        end = run_loop(engine, schedule, data.data, steps, start=first, steps=scale.steps,
-                       eval_interval=scale.eval_interval,
-                       micro_batch_size=scale.batch_per_worker)  # fmt: skip
+        end = run_loop(engine, _schedule(spec, engine.optimizer, first), data.data, steps,
+                       start=first, steps=scale.steps, eval_interval=scale.eval_interval,
+                       micro_batch_size=micro_batch_size)  # fmt: skip
         final_val = evaluate(model, final_val_batches)
         sim = engine.simulator
         final = {

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["FunctionSchedule", "LoopEnd", "LoopHooks", "run_loop"]
+__all__ = ["FunctionSchedule", "LoopEnd", "LoopHooks", "megatron_schedule", "run_loop"]
 
 Record = dict[str, Any]
 
@@ -114,3 +114,33 @@ class FunctionSchedule:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.num_steps = state["num_steps"]
+
+
+def megatron_schedule(
+    optimizer: Any,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    steps: int,
+    weight_decay: float,
+    decay_style: str = "cosine",
+) -> Any:
+    """Megatron's ``OptimizerParamScheduler`` as the pretrain stage sets it up: linear warm-up
+    from 0 to ``lr`` (none: ``lr`` from the start), then ``decay_style`` to ``min_lr`` at the
+    last step; constant weight decay."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if warmup_steps else lr,
+        max_lr=lr,
+        min_lr=min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=max(steps, warmup_steps + 1),
+        lr_decay_style=decay_style,
+        start_wd=weight_decay,
+        end_wd=weight_decay,
+        wd_incr_steps=steps,
+        wd_incr_style="constant",
+    )

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from pipelines.training.config import PretrainConfig, scape_config
 from pipelines.training.engine_base import EngineCommon
 
-__all__ = ["ScheduledGroups", "SimulatorEngine", "build_simulator_engine"]
+__all__ = ["ScheduledGroups", "SimulatorEngine", "build_simulator_engine", "megatron_layout"]
 
 Batch = tuple[Tensor, Tensor]
 
@@ -147,19 +147,22 @@ class SimulatorEngine(EngineCommon):
         load_simulator_state(self.simulator, state["simulator"])
 
 
-def _megatron_layout(cfg: PretrainConfig, shape, world_size: int, device: torch.device):
+def megatron_layout(shape, world_size: int, device: torch.device, *,
+                    bucket_size: int | None = None, overlap_grad_reduce: bool = True,
+                    overlap_param_gather: bool = False):  # fmt: skip
     """The flat layout W Megatron ranks would build: a DDP over a twin of the model in this
-    one-rank group, with the bucket size Megatron would pick at W."""
+    one-rank group, with the bucket size Megatron would pick at W. Building the twin draws no
+    number from the torch RNG the run goes on with."""
     from scape.megatron.dense import wrap_ddp
     from scape.megatron.layout import flat_layout
     from scape.megatron.models import build_gpt_model
 
-    t = cfg.train
-    config, twin = build_gpt_model(shape, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        config, twin = build_gpt_model(shape, device=device)
     # Megatron's default at W ranks (its DDP would pick max(4e7, 1e6 * dp) at dp = 1 here)
-    bucket = t.bucket_size if t.bucket_size is not None else max(40_000_000, 1_000_000 * world_size)
-    ddp = wrap_ddp(config, twin, bucket_size=bucket, overlap_grad_reduce=t.overlap_grad_reduce,
-                   overlap_param_gather=t.overlap_param_gather)  # fmt: skip
+    bucket = bucket_size if bucket_size is not None else max(40_000_000, 1_000_000 * world_size)
+    ddp = wrap_ddp(config, twin, bucket_size=bucket, overlap_grad_reduce=overlap_grad_reduce,
+                   overlap_param_gather=overlap_param_gather)  # fmt: skip
     layout = flat_layout(ddp, world_size)
     del ddp, twin
     return layout
@@ -177,7 +180,10 @@ def build_simulator_engine(cfg: PretrainConfig, shape, model: nn.Module, data_di
     layout = scape = None
     if o.name == "scape":
         scape = scape_config(o, cfg.train.train_steps)
-        layout = _megatron_layout(cfg, shape, world, device)
+        t = cfg.train
+        layout = megatron_layout(shape, world, device, bucket_size=t.bucket_size,
+                                 overlap_grad_reduce=t.overlap_grad_reduce,
+                                 overlap_param_gather=t.overlap_param_gather)  # fmt: skip
     simulator = Simulator(model, world, method=o.name, hparams=hparams, scape=scape,
                           layout=layout)  # fmt: skip
     groups = ScheduledGroups(hparams.lr, o.weight_decay)

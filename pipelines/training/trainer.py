@@ -4,6 +4,11 @@ evaluation, metrics, checkpoints and resume.
 ``train_rank(rank, world_size, cfg, run_dir)`` runs inside an initialized process group
 (spawned locally by ``pipelines.pretrain`` or started by Slurm). Rank 0 writes the metrics
 and the common part of checkpoints; every rank saves its own optimizer shard.
+
+The steps themselves go through :func:`pipelines.training.loop.run_loop`, which the quality
+studies' runs go through too. The loop and the simulator engine are therefore among the
+studies' step sources (:data:`pipelines.studies.protocol.STEP_SOURCES`): a change to either
+is a new code version, and ``make quality-replay`` decides whether the verdict's runs stand.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pipelines.training.checkpoint import (
 from pipelines.training.config import PretrainConfig
 from pipelines.training.data import load_training_data
 from pipelines.training.engine import build_engine
-from pipelines.training.loop import run_loop
+from pipelines.training.loop import megatron_schedule, run_loop
 from pipelines.training.tracking import RunLogger
 
 __all__ = ["train_rank"]
@@ -167,23 +172,11 @@ def _resume(training, scheduler, run_dir: Path, log) -> int:
 
 
 def _build_scheduler(optimizer, cfg: PretrainConfig):
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     o, t = cfg.optimizer, cfg.train
     lrs = o.scaled()
-    return OptimizerParamScheduler(
-        optimizer,
-        init_lr=0.0 if t.warmup_steps else lrs["lr"],
-        max_lr=lrs["lr"],
-        min_lr=lrs["min_lr"],
-        lr_warmup_steps=t.warmup_steps,
-        lr_decay_steps=max(t.train_steps, t.warmup_steps + 1),
-        lr_decay_style=t.lr_decay_style,
-        start_wd=o.weight_decay,
-        end_wd=o.weight_decay,
-        wd_incr_steps=t.train_steps,
-        wd_incr_style="constant",
-    )
+    return megatron_schedule(optimizer, lr=lrs["lr"], min_lr=lrs["min_lr"],
+                             warmup_steps=t.warmup_steps, steps=t.train_steps,
+                             weight_decay=o.weight_decay, decay_style=t.lr_decay_style)  # fmt: skip
 
 
 class _PretrainSteps:
