@@ -133,7 +133,7 @@ quality-study: $(STAMP)
 VERDICT_STEPS  ?= 300
 VERDICT_GRID   ?= [0.25,0.5,1]
 VERDICT_MODELS := llama gpt
-.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive quality-replay-host quality-transfer $(VERDICT_MODELS:%=quality-verdict-%)
+.PHONY: quality-verdict quality-queue quality-replay quality-report quality-archive quality-replay-host quality-transfer quality-product-path $(VERDICT_MODELS:%=quality-verdict-%)
 quality-verdict: $(VERDICT_MODELS:%=quality-verdict-%)
 $(VERDICT_MODELS:%=quality-verdict-%): quality-verdict-%: $(STAMP)
 	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
@@ -167,6 +167,14 @@ quality-replay-host: $(STAMP)
 # check (SCAPE-99 with and without it there; results/quality/ramp_transfer.json).
 quality-transfer: $(STAMP)
 	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp --runs outputs/ramp_transfer)
+
+# Does the verdict carry over to what users run? The finalists at 300 steps, 3 seeds, on the
+# study's path and on a user's train.engine=simulator path (Megatron's layout, scheduler and
+# micro-batches), side by side: results/quality/product_path/ (about 15 min on one core;
+# ARGS="--report-only" rebuilds the table from the committed runs).
+quality-product-path: $(STAMP)
+	@test -f $(QUALITY_DATA)/metadata.json || $(PY) -m pipelines.prepare tokenizer=bytebpe1k
+	$(PY) -m pipelines.studies.product_path $(ARGS)
 
 # Pack finished run logs into one xz tar per code version (results/quality/runs/<version>.tar.xz,
 # about a tenth of the bytes); the reports, the queue and the replay read them packed. Run it

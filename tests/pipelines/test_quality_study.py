@@ -180,7 +180,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
 
 
 RESUME_SCRIPT = """
-import json, sys
+import dataclasses, json, sys
 from pathlib import Path
 
 import torch
@@ -217,36 +217,43 @@ def crash_at_17(step, rank, micro_batch_size):
     return batches(step, rank, micro_batch_size)
 
 
-for name in cfg.variants:
-    spec = RunSpec(s.models[0], name, cfg.variants[name], 0, s, data_dir)
-    train_run(spec, data, val, final, Path(out) / "straight", code, checkpoint_s=0)
+# every quick variant on the study's path; SCAPE-99 on the product path too (Megatron's
+# scheduler and layout, 2 micro-batches per worker)
+product = dataclasses.replace(s, path="product")
+runs = [(name, s) for name in cfg.variants] + [("scape99", product)]
+for name, scale in runs:
+    spec = RunSpec(s.models[0], name, cfg.variants[name], 0, scale, data_dir)
+    train_run(spec, data, val, final, Path(out) / "straight" / scale.path, code, checkpoint_s=0)
     data.data.rank_micro_batches = crash_at_17
+    cut = Path(out) / "cut" / scale.path
     try:
-        train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
+        train_run(spec, data, val, final, cut, code, checkpoint_s=0)
     except Crash:
-        print(name, "crashed; checkpoint:", (Path(out) / "cut" / f"{spec.run_id}.ckpt").exists())
+        print(scale.path, name, "crashed; checkpoint:", (cut / f"{spec.run_id}.ckpt").exists())
     data.data.rank_micro_batches = batches
-    train_run(spec, data, val, final, Path(out) / "cut", code, checkpoint_s=0)
+    train_run(spec, data, val, final, cut, code, checkpoint_s=0)
 """
 
 
 def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(prepared_small, tmp_path):
-    """Each quick variant (dense AdamS, R0-99, SCAPE-99), crashed at step 17 of 24 with a
-    checkpoint at every logged step, resumes at step 15 and logs what a straight run logs."""
+    """Each quick variant (dense AdamS, R0-99, SCAPE-99; SCAPE-99 on the product path too),
+    crashed at step 17 of 24 with a checkpoint at every logged step, resumes at step 15 and
+    logs what a straight run logs."""
     proc = subprocess.run(
         [sys.executable, "-c", RESUME_SCRIPT, str(ROOT), str(prepared_small), str(tmp_path)],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = sorted(p.name for p in (tmp_path / "straight").glob("*.jsonl"))
-    assert len(names) == 3
+    names = sorted(str(p.relative_to(tmp_path / "straight"))
+                   for p in (tmp_path / "straight").glob("*/*.jsonl"))  # fmt: skip
+    assert len(names) == 4 and sum(n.startswith("product/") for n in names) == 1
     for name in names:
-        run_id = name.removesuffix(".jsonl")
-        assert f"{run_id.split('__')[1]} crashed; checkpoint: True" in proc.stdout
+        path, run_id = name.removesuffix(".jsonl").split("/")
+        assert f"{path} {run_id.split('__')[1]} crashed; checkpoint: True" in proc.stdout
         assert f"{run_id}: resuming at step 15 from its checkpoint" in proc.stdout
         straight, cut = (_records(tmp_path / d / name) for d in ("straight", "cut"))
         assert [{k: v for k, v in r.items() if k != "seconds"} for r in cut] == [
             {k: v for k, v in r.items() if k != "seconds"} for r in straight
         ], name
-    assert not list((tmp_path / "cut").glob("*.ckpt*"))  # a finished run leaves none
+    assert not list((tmp_path / "cut").glob("*/*.ckpt*"))  # a finished run leaves none

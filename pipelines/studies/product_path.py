@@ -1,0 +1,236 @@
+"""`make quality-product-path`: does the verdict carry over to the runs users make?
+
+The verdict's runs take the study's path: the simulator's contiguous parameter layout, the
+study's schedule (:func:`~pipelines.studies.quality_run.lr_at`, its cosine one step behind
+Megatron's) and one micro-batch per worker. A user's ``train.engine=simulator`` pretrain run
+takes Megatron's bucket layout, Megatron's scheduler and the pretrain micro-batch size:
+``scale.path=product``, which trains that run bit for bit
+(``tests/pipelines/studies/test_product_path.py``). The layout decides which entries share a
+SCAPE chunk and a shard, so it can move SCAPE's loss where it cannot move dense AdamS's.
+
+This trains the verdict's finalists at one horizon both ways, side by side on this host, each
+at the lr the verdict chose for it there and on every seed, and reports each method's gap to
+dense AdamS on each path (paired by seed, as the verdict does) and how far the product path
+moves it. The runs are packed in ``results/quality/product_path/runs.tar.xz`` and the table
+recomputes from them (``--report-only``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import statistics
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.studies.quality_config import PATHS, RunSpec, ScaleConfig, VariantSpec
+
+__all__ = ["gaps", "main", "plan", "report"]
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "results" / "quality" / "product_path"
+REFERENCE = "adams"
+VARIANTS = ("adams", "adamw", "scape90", "scape99_ramp")
+
+
+def _study_settings() -> tuple[ScaleConfig, dict[str, VariantSpec], str]:
+    """The verdict's scale (conf/quality/scale/small.yaml), variants and data directory."""
+    from omegaconf import OmegaConf
+
+    conf = REPO / "conf"
+    raw = OmegaConf.load(conf / "quality_study.yaml")
+    scale = OmegaConf.merge(OmegaConf.structured(ScaleConfig),
+                            OmegaConf.load(conf / "quality" / "scale" / "small.yaml"))  # fmt: skip
+    variants = {name: VariantSpec(**OmegaConf.to_container(v))  # type: ignore[arg-type]
+                for name, v in raw.variants.items()}  # fmt: skip
+    return OmegaConf.to_object(scale), variants, str(raw.data_dir)  # type: ignore[return-value]
+
+
+def plan(steps: int, seeds: list[int], variants: tuple[str, ...]) -> list[RunSpec]:
+    """Every (model, variant, seed) at the verdict's chosen lr for ``steps``, on both paths."""
+    from pipelines.studies.run_index import RunIndex
+
+    scale, specs, data_dir = _study_settings()
+    index = RunIndex.load(REPO / "results" / "quality")  # the verdict's code version
+    runs = []
+    for model in scale.models:
+        for name in variants:
+            choice = index.lr_choice(model.name, name, steps)
+            if choice is None or not choice.closed:
+                raise SystemExit(f"{model.name} {name} at {steps} steps: the verdict has no "
+                                 "closed lr grid there; pick a horizon it has (--steps)")  # fmt: skip
+            for seed in seeds:
+                for path in PATHS:
+                    at = dataclasses.replace(scale, steps=steps, path=path)
+                    runs.append(RunSpec(model, name, specs[name], seed, at, data_dir,
+                                        lr_scale=choice.lr))  # fmt: skip
+    return runs
+
+
+def train(runs: list[RunSpec], out: Path) -> None:
+    """Each run into ``out/<path>/`` (a finished one is skipped, an interrupted one resumes)."""
+    import torch
+
+    from pipelines.studies.protocol import code_version
+    from pipelines.studies.quality_data import load_study_data
+    from pipelines.studies.quality_run import init_megatron_single_process, train_run
+
+    torch.set_num_threads(1)
+    init_megatron_single_process()
+    code, data_by_seed = code_version(REPO), {}
+    for i, spec in enumerate(runs, 1):
+        s = spec.scale
+        if spec.seed not in data_by_seed:
+            data = load_study_data(REPO / spec.data_dir, seed=spec.seed, seq_length=s.seq_length,
+                                   world_size=s.world_size, batch_per_worker=s.batch_per_worker,
+                                   steps=s.steps, cache_dir=REPO / "outputs" / "quality_cache")  # fmt: skip
+            val = (data.validation_batches(s.val_max_sequences, batch_size=64),
+                   data.validation_batches(None, batch_size=64))  # fmt: skip
+            data_by_seed[spec.seed] = (data, val)
+        data, val = data_by_seed[spec.seed]
+        start = time.perf_counter()
+        final = train_run(spec, data, *val, out / s.path, code, checkpoint_s=120.0)
+        print(f"[{i}/{len(runs)}] {s.path} {spec.run_id}: val {final['final_val_loss']:.4f} "
+              f"({time.perf_counter() - start:.0f}s)", flush=True)  # fmt: skip
+
+
+def pack(out: Path, archive: Path) -> None:
+    """The finished runs' logs, ``<path>/<run_id>.jsonl``, into one xz archive."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:xz") as tar:
+        for log in sorted(out.glob("*/*.jsonl")):
+            info = tar.gettarinfo(str(log), arcname=str(log.relative_to(out)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(log, "rb") as f:
+                tar.addfile(info, f)
+
+
+def read_archive(archive: Path) -> list[dict[str, Any]]:
+    """Each run's header and final record, with its path."""
+    runs = []
+    with tarfile.open(archive, "r:xz") as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            file = tar.extractfile(member)
+            assert file is not None
+            lines = io.TextIOWrapper(file, encoding="utf-8").read().splitlines()
+            header, final = json.loads(lines[0]), json.loads(lines[-1])
+            path = header["settings"]["scale"].get("path", "study")
+            runs.append({"path": path, "header": header, "final": final})
+    return runs
+
+
+def _mean_sd(values: list[float]) -> dict[str, float]:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "sd": sd, "n": len(values)}
+
+
+def gaps(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model and variant: each path's final loss and gap to dense AdamS (%, per seed
+    against the AdamS run of the same path and seed), and the product path's change of the
+    gap (paired by seed)."""
+    final: dict[tuple[str, str, str, int], float] = {}
+    for run in runs:
+        h = run["header"]
+        final[(run["path"], h["model"], h["variant"], h["seed"])] = run["final"]["final_val_loss"]
+    out: dict[str, Any] = {}
+    cells = sorted({(m, v) for _, m, v, _ in final})
+    for model, variant in cells:
+        seeds = sorted(s for p, m, v, s in final if (p, m, v) == ("study", model, variant)
+                       and all((q, model, n, s) in final for q in PATHS for n in (variant, REFERENCE)))  # fmt: skip
+        cell: dict[str, Any] = {"seeds": seeds}
+        per_path = {}
+        for path in PATHS:
+            loss = [final[(path, model, variant, s)] for s in seeds]
+            gap = [100 * (final[(path, model, variant, s)] / final[(path, model, REFERENCE, s)] - 1)
+                   for s in seeds]  # fmt: skip
+            per_path[path] = gap
+            cell[path] = {"final_val_loss": _mean_sd(loss), "gap_pct": _mean_sd(gap)}
+        moved = [b - a for a, b in zip(per_path["study"], per_path["product"], strict=True)]
+        loss_moved = [100 * (final[("product", model, variant, s)]
+                             / final[("study", model, variant, s)] - 1) for s in seeds]  # fmt: skip
+        cell["gap_moved_pct"] = _mean_sd(moved)
+        cell["loss_moved_pct"] = _mean_sd(loss_moved)
+        out.setdefault(model, {})[variant] = cell
+    return out
+
+
+def _pm(stat: dict[str, float], sign: bool = True) -> str:
+    """``+1.23 ± 0.45`` (a gap, %), or ``4.567 ± 0.089`` (a loss)."""
+    if stat["n"] == 0 or math.isnan(stat["mean"]):
+        return "-"
+    digits = 2 if sign else 3
+    return f"{stat['mean']:{'+' if sign else ''}.{digits}f} ± {stat['sd']:.{digits}f}"
+
+
+def report(archive: Path, out_dir: Path) -> dict[str, Any]:
+    """``summary.json`` and ``README.md`` in ``out_dir``, from the archive alone."""
+    runs = read_archive(archive)
+    table = gaps(runs)
+    steps = sorted({r["header"]["steps"] for r in runs})
+    commits = sorted({(r["header"].get("code") or {}).get("commit") or "none" for r in runs})
+    codes = sorted({(r["header"].get("code") or {}).get("step_code") or "none" for r in runs})
+    summary = {"steps": steps, "runs": len(runs), "commits": commits, "step_codes": codes,
+               "cells": table}  # fmt: skip
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [
+        "# Does the verdict carry over to the runs users make?",
+        "",
+        "Written by `make quality-product-path` (`pipelines/studies/product_path.py`, whose "
+        "docstring says what each path is) from `runs.tar.xz` in this folder: "
+        f"{len(runs)} runs at {', '.join(map(str, steps))} steps, code version "
+        f"{', '.join(codes)} (commits {', '.join(c[:10] for c in commits)}).",
+        "",
+        "- **study**: the verdict's path (contiguous layout, the study's schedule, one "
+        "micro-batch per worker);",
+        "- **product**: a user's `train.engine=simulator` run (Megatron's bucket layout and "
+        "scheduler, micro-batches of 2).",
+        "",
+        "Each method at the lr the verdict chose at this horizon; gap: % from dense AdamS on "
+        "the same path and seed, mean ± sd over seeds; moved: the product path's gap minus "
+        "the study path's, paired by seed.",
+        "",
+        "| model | method | seeds | loss, study | loss, product | gap, study | gap, product "
+        "| gap moved |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, cells in table.items():
+        for variant, c in cells.items():
+            gap = ("(reference)", "(reference)", "-") if variant == REFERENCE else (
+                _pm(c["study"]["gap_pct"]), _pm(c["product"]["gap_pct"]),
+                _pm(c["gap_moved_pct"]))  # fmt: skip
+            lines.append(
+                f"| {model} | {variant} | {len(c['seeds'])} "
+                f"| {_pm(c['study']['final_val_loss'], False)} "
+                f"| {_pm(c['product']['final_val_loss'], False)} | {' | '.join(gap)} |"
+            )
+    (out_dir / "README.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=300, help="a horizon with closed lr grids")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--runs", type=Path, default=REPO / "outputs" / "product_path")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--report-only", action="store_true", help="from the committed archive")
+    args = p.parse_args(argv)
+    archive = args.out / "runs.tar.xz"
+    if not args.report_only:
+        if REFERENCE not in args.variants:
+            raise SystemExit(f"--variants must include {REFERENCE}: every gap is against it")
+        train(plan(args.steps, args.seeds, tuple(args.variants)), args.runs)
+        pack(args.runs, archive)
+    report(archive, args.out)
+    print((args.out / "README.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
