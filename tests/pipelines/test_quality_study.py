@@ -229,7 +229,8 @@ for name, scale in runs:
     try:
         train_run(spec, data, val, final, cut, code, checkpoint_s=0)
     except Crash:
-        print(scale.path, name, "crashed; checkpoint:", (cut / f"{spec.run_id}.ckpt").exists())
+        saved = list((cut / f"{spec.run_id}.ckpt").glob("step_*/manifest.json"))
+        print(scale.path, name, "crashed; checkpoint:", len(saved) == 1)
     data.data.rank_micro_batches = batches
     train_run(spec, data, val, final, cut, code, checkpoint_s=0)
 """
