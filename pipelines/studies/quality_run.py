@@ -45,7 +45,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec
+from pipelines.studies.quality_config import (
+    DEFAULTS_UNHASHED,
+    RunSpec,
+    ScaleConfig,
+    VariantSpec,
+)
 from pipelines.studies.quality_data import Batch, StudyData
 from pipelines.training.checkpoint import (
     find_latest_valid,
@@ -373,7 +378,13 @@ def train_run(
                     "settings": {
                         "model": vars(spec.model),
                         "variant": vars(spec.variant),
-                        "scale": {k: v for k, v in vars(scale).items() if k != "models"},
+                        # a setting at its unhashed default is left out, so code from
+                        # before the setting can still rebuild (replay) the run
+                        "scale": {
+                            k: v
+                            for k, v in vars(scale).items()
+                            if k != "models" and (k, v) not in DEFAULTS_UNHASHED
+                        },
                     },
                 }
             )
