@@ -8,16 +8,20 @@ project's training engine) in a one-rank gloo group with TP = PP = 1.
 
 A run goes through the pretrain stage's loop (:func:`pipelines.training.loop.run_loop`) and
 its simulator engine (:class:`~pipelines.training.simulator_engine.SimulatorEngine`), as a
-user's ``train.engine=simulator`` run does. What the study sets differently is stated here:
-its schedule (:func:`lr_at`, whose cosine runs one step behind Megatron's), its parameter
-layout (the simulator's contiguous one, not Megatron's buckets), one micro-batch per worker,
-and its records, evaluation and checkpoints (:class:`_StudySteps`).
+user's ``train.engine=simulator`` run does, and saves and resumes in the pretrain stage's
+checkpoint format. The study's own path (``scale.path=study``, the verdict's runs) differs from
+a user's run in three choices: its schedule (:func:`lr_at`, whose cosine runs one step behind
+Megatron's), its parameter layout (the simulator's contiguous one, not Megatron's buckets) and
+one micro-batch per worker; ``scale.path=product`` takes the user's
+(``tests/pipelines/studies/test_product_path.py``). Its records and evaluation are its own
+(:class:`_StudySteps`).
 
 Resuming: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
 ``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
-skipped. Every ``checkpoint_s`` seconds of wall time (at a logged step) it also writes
-``<run_id>.ckpt``: the model, every attribute of the simulator that training changes, the
-divergence rule, the RNG and how much of the log belongs to that step. An interrupted run
+skipped. Every ``checkpoint_s`` seconds of wall time (at a logged step) it also writes a
+checkpoint under ``<run_id>.ckpt/`` (:func:`pipelines.training.checkpoint.save_training_state`:
+the model, every attribute of the simulator that training changes, the schedule and the RNG),
+with the divergence rule and how much of the log belongs to that step. An interrupted run
 with a checkpoint of the same settings and code version resumes from it, bit for bit (the
 larger models' runs take most of an hour); without one it starts again from step 0. The
 study keeps each code version's runs in a folder of its own (``runs/<step code>/``,
@@ -33,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +45,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.studies.quality_config import RunSpec, ScaleConfig, VariantSpec
+from pipelines.studies.quality_config import (
+    DEFAULTS_UNHASHED,
+    RunSpec,
+    ScaleConfig,
+    VariantSpec,
+)
 from pipelines.studies.quality_data import Batch, StudyData
+from pipelines.training.checkpoint import (
+    find_latest_valid,
+    restore_training_state,
+    save_training_state,
+)
 from scape.adams import AdamHParams
-from scape.simulate import Simulator, load_simulator_state, simulator_state
+from scape.simulate import Simulator
 
 __all__ = [
     "DivergenceRule",
@@ -217,21 +232,17 @@ def _path_choices(spec: RunSpec, vocab_size: int) -> tuple[Any, int]:
     return layout, micro
 
 
-def _schedule(spec: RunSpec, optimizer: Any, done: int) -> Any:
-    """The lr schedule of the run's ``scale.path`` over ``optimizer``'s param groups, at
-    ``done`` steps: the study's :func:`lr_at` or Megatron's scheduler, both scaled by the run's
-    lr multiplier."""
+def _schedule(spec: RunSpec, optimizer: Any) -> Any:
+    """The lr schedule of the run's ``scale.path`` over ``optimizer``'s param groups: the
+    study's :func:`lr_at` or Megatron's scheduler, both scaled by the run's lr multiplier."""
     from pipelines.training.loop import FunctionSchedule, megatron_schedule
 
     scale, x = spec.scale, spec.lr_scale
     if scale.path == "study":
-        return FunctionSchedule(optimizer, lambda t: lr_at(t, scale) * x, done=done)
-    schedule = megatron_schedule(optimizer, lr=scale.lr * x, min_lr=scale.min_lr * x,
-                                 warmup_steps=scale.warmup_steps, steps=scale.steps,
-                                 weight_decay=scale.weight_decay)  # fmt: skip
-    if done:
-        schedule.step(done)
-    return schedule
+        return FunctionSchedule(optimizer, lambda t: lr_at(t, scale) * x)
+    return megatron_schedule(optimizer, lr=scale.lr * x, min_lr=scale.min_lr * x,
+                             warmup_steps=scale.warmup_steps, steps=scale.steps,
+                             weight_decay=scale.weight_decay)  # fmt: skip
 
 
 class _StudySteps:
@@ -322,33 +333,30 @@ def train_run(
     layout, micro_batch_size = _path_choices(spec, data.vocab_size)
     engine = SimulatorEngine.around(build_simulator(model, spec.variant, scale.world_size,
                                                     hparams, layout))  # fmt: skip
+    schedule = _schedule(spec, engine.optimizer)
     partial = out_dir / f"{spec.run_id}.jsonl.partial"
+    # the pretrain stage's checkpoint format (pipelines.training.checkpoint), the newest kept
     ckpt = out_dir / f"{spec.run_id}.ckpt"
     start = time.perf_counter()
     first, skipped, last_val, before = 0, 0, float("nan"), 0.0
     rule = DivergenceRule(data.vocab_size)
-    resumed = _load_checkpoint(ckpt, partial, spec, code)
+    resumed = _resume_point(ckpt, partial, spec, code)
     if resumed is not None:
-        model.load_state_dict(resumed["model"])
-        load_simulator_state(engine.simulator, resumed["simulator"])
-        vars(rule).update(resumed["rule"])
-        torch.set_rng_state(resumed["rng"])
-        first, skipped, last_val, before = (resumed[k] for k in ("step", "skipped", "last_val",
-                                                                  "seconds"))  # fmt: skip
+        common = restore_training_state(engine, schedule, resumed)
+        vars(rule).update(common["rule"])
+        first, skipped, last_val, before = (common[k] for k in ("step", "skipped", "last_val",
+                                                                 "seconds"))  # fmt: skip
         print(f"{spec.run_id}: resuming at step {first} from its checkpoint", flush=True)
 
     def checkpoint(step: int) -> None:
         """Everything the steps after ``step`` read, beside the log so far."""
-        state = {
+        extra = {
             "fingerprint": spec.fingerprint(), "step_code": (code or {}).get("step_code"),
-            "step": step, "skipped": steps.skipped, "last_val": steps.last_val,
+            "skipped": steps.skipped, "last_val": steps.last_val,
             "seconds": before + time.perf_counter() - start,
-            "log_bytes": partial.stat().st_size,
-            "rule": dict(vars(rule)), "rng": torch.get_rng_state(),
-            "model": model.state_dict(), "simulator": simulator_state(engine.simulator),
+            "log_bytes": partial.stat().st_size, "rule": dict(vars(rule)),
         }  # fmt: skip
-        torch.save(state, ckpt.with_suffix(".ckpt.tmp"))
-        os.replace(ckpt.with_suffix(".ckpt.tmp"), ckpt)  # never a half-written checkpoint
+        save_training_state(engine, schedule, step, ckpt, keep=1, extra=extra)
 
     with open(partial, "w" if resumed is None else "a", encoding="utf-8") as log:
         steps = _StudySteps(spec, engine, log, rule, val_batches, checkpoint, checkpoint_s)
@@ -370,12 +378,18 @@ def train_run(
                     "settings": {
                         "model": vars(spec.model),
                         "variant": vars(spec.variant),
-                        "scale": {k: v for k, v in vars(scale).items() if k != "models"},
+                        # a setting at its unhashed default is left out, so code from
+                        # before the setting can still rebuild (replay) the run
+                        "scale": {
+                            k: v
+                            for k, v in vars(scale).items()
+                            if k != "models" and (k, v) not in DEFAULTS_UNHASHED
+                        },
                     },
                 }
             )
-        end = run_loop(engine, _schedule(spec, engine.optimizer, first), data.data, steps,
-                       start=first, steps=scale.steps, eval_interval=scale.eval_interval,
+        end = run_loop(engine, schedule, data.data, steps, start=first, steps=scale.steps,
+                       eval_interval=scale.eval_interval,
                        micro_batch_size=micro_batch_size)  # fmt: skip
         final_val = evaluate(model, final_val_batches)
         sim = engine.simulator
@@ -398,24 +412,29 @@ def train_run(
             final["run_bytes"] = sim.run_bytes(end.step)
         steps.write(final)
     os.replace(partial, final_path)  # the rename marks the run finished
-    ckpt.unlink(missing_ok=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
     return final
 
 
-def _load_checkpoint(
+def _resume_point(
     ckpt: Path, partial: Path, spec: RunSpec, code: dict[str, Any] | None
-) -> dict[str, Any] | None:
-    """The run's checkpoint when it can be resumed (same settings, same code version, its
-    log still there), with the log cut back to the checkpoint's step; else None, and a
-    checkpoint that cannot be resumed is removed."""
-    if not ckpt.is_file():
-        return None
-    state = torch.load(ckpt, weights_only=True)
-    same = (state.get("fingerprint") == spec.fingerprint()
-            and state.get("step_code") == (code or {}).get("step_code"))  # fmt: skip
-    if not same or not partial.is_file() or partial.stat().st_size < state["log_bytes"]:
+) -> Path | None:
+    """The run's newest valid checkpoint when it can be resumed (same settings, same code
+    version, its log still there), with the log cut back to the checkpoint's step; else None,
+    and what cannot be resumed is removed (a single-file checkpoint of code before 2026-12-05
+    too)."""
+    if ckpt.is_file():
         ckpt.unlink()
+    path = find_latest_valid(ckpt, 1)
+    if path is None:
+        shutil.rmtree(ckpt, ignore_errors=True)
+        return None
+    common = torch.load(path / "common.pt", weights_only=True)
+    same = (common.get("fingerprint") == spec.fingerprint()
+            and common.get("step_code") == (code or {}).get("step_code"))  # fmt: skip
+    if not same or not partial.is_file() or partial.stat().st_size < common["log_bytes"]:
+        shutil.rmtree(ckpt)
         return None
     with open(partial, "r+b") as log:
-        log.truncate(state["log_bytes"])  # the records written after the checkpoint go
-    return state
+        log.truncate(common["log_bytes"])  # the records written after the checkpoint go
+    return path

@@ -14,12 +14,18 @@ after every rank has finished and the manifest is written. A killed run therefor
 partial directory (removed on the next save) and never a half-written checkpoint under a
 final name. Loading checks hashes and falls back to the previous checkpoint when the newest
 is corrupt. ``torch.load`` always runs with ``weights_only=True``.
+
+:func:`save_training_state` and :func:`restore_training_state` put a training run in it: the
+engine's model and optimizer, the lr schedule, the RNG, and whatever else the run keeps in
+``common.pt``. The pretrain stage (``<run>/checkpoints/``) and the quality studies
+(``<run_id>.ckpt/`` beside the run's log) save and resume through them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import time
 from collections.abc import Callable
@@ -29,7 +35,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CheckpointError", "find_latest_valid", "load_rank_files", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "find_latest_valid",
+    "load_rank_files",
+    "restore_training_state",
+    "save_checkpoint",
+    "save_training_state",
+    "step_of",
+]
 
 PREFIX = "step_"
 
@@ -150,3 +164,54 @@ def load_rank_files(path: Path, rank: int) -> tuple[dict[str, Any], dict[str, An
 
 def step_of(path: Path) -> int:
     return int(path.name[len(PREFIX) :])
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_training_state(
+    training: Any,
+    scheduler: Any,
+    step: int,
+    root: Path,
+    *,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Collective: checkpoint ``step`` of a run under ``root``. ``training``: an engine
+    (:class:`pipelines.training.engine_base.EngineCommon`); ``scheduler``: its lr schedule;
+    ``extra``: more of rank 0's state for ``common.pt``."""
+    training.sync_params()
+    common = None
+    if dist.get_rank() == 0:
+        common = {"model": training.model_state_dict(), "scheduler": scheduler.state_dict(),
+                  "step": step, **(extra or {})}  # fmt: skip
+    rng = _rng_state()  # before the optimizer's save, which must not move it
+
+    def rank_state(directory: Path) -> dict[str, Any]:
+        return {"optimizer": training.save_optimizer(directory / "optimizer"), "rng": rng,
+                "step": step}  # fmt: skip
+
+    return save_checkpoint(root, step, common=common, rank_state=rank_state, keep=keep)
+
+
+def restore_training_state(training: Any, scheduler: Any, path: Path) -> dict[str, Any]:
+    """Collective: load checkpoint ``path`` into ``training`` and ``scheduler`` and restore
+    this rank's RNG; returns ``common.pt`` (the step, and the run's ``extra``)."""
+    common, mine = load_rank_files(path, dist.get_rank())
+    training.load_model_state_dict(common["model"])
+    training.load_optimizer(path / "optimizer", mine["optimizer"])
+    scheduler.load_state_dict(common["scheduler"])
+    _set_rng_state(mine["rng"])
+    return common

@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -31,8 +30,8 @@ import torch.distributed as dist
 from data_prep.progress import Progress
 from pipelines.training.checkpoint import (
     find_latest_valid,
-    load_rank_files,
-    save_checkpoint,
+    restore_training_state,
+    save_training_state,
     step_of,
 )
 from pipelines.training.config import PretrainConfig
@@ -114,45 +113,6 @@ def evaluate(training, data, rank: int, cfg: PretrainConfig) -> float:
     return _all_mean(sum(means)) / len(means)
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(state["python"]), None))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _save(training, scheduler, step: int, run_dir: Path, cfg: PretrainConfig) -> None:
-    training.sync_params()
-    rank = dist.get_rank()
-    common = None
-    if rank == 0:
-        common = {
-            "model": training.model_state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-        }
-    rng = _rng_state()  # before the optimizer's save, which must not move it
-
-    def rank_state(directory: Path) -> dict[str, Any]:
-        return {"optimizer": training.save_optimizer(directory / "optimizer"), "rng": rng,
-                "step": step}  # fmt: skip
-
-    save_checkpoint(
-        run_dir / "checkpoints",
-        step,
-        common=common,
-        rank_state=rank_state,
-        keep=cfg.train.keep_checkpoints,
-    )
-
-
 def _resume(training, scheduler, run_dir: Path, log) -> int:
     """Load the newest valid checkpoint (rank 0 decides which); returns the step reached."""
     choice = [None]
@@ -163,11 +123,7 @@ def _resume(training, scheduler, run_dir: Path, log) -> int:
     if choice[0] is None:
         return 0
     path = Path(choice[0])
-    common, mine = load_rank_files(path, dist.get_rank())
-    training.load_model_state_dict(common["model"])
-    training.load_optimizer(path / "optimizer", mine["optimizer"])
-    scheduler.load_state_dict(common["scheduler"])
-    _set_rng_state(mine["rng"])
+    restore_training_state(training, scheduler, path)
     return step_of(path)
 
 
@@ -224,7 +180,8 @@ class _PretrainSteps:
         self.progress.advance_to(step, loss=record["loss"], val=self.val_loss)
         self.preempted = _any(self.preemption.requested)
         if step % t.checkpoint_interval == 0 or last or self.preempted:
-            _save(self.training, self.scheduler, step, self.run, self.cfg)
+            save_training_state(self.training, self.scheduler, step, self.run / "checkpoints",
+                                keep=t.keep_checkpoints)  # fmt: skip
         return self.preempted
 
 
