@@ -30,7 +30,7 @@ from typing import Any
 
 from pipelines.studies.quality_config import PATHS, RunSpec, ScaleConfig, VariantSpec
 
-__all__ = ["gaps", "main", "plan", "report"]
+__all__ = ["gaps", "main", "plan", "report", "table_lines"]
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "results" / "quality" / "product_path"
@@ -181,9 +181,20 @@ def report(archive: Path, out_dir: Path) -> dict[str, Any]:
         "# Does the verdict carry over to the runs users make?",
         "",
         "Written by `make quality-product-path` (`pipelines/studies/product_path.py`, whose "
-        "docstring says what each path is) from `runs.tar.xz` in this folder: "
-        f"{len(runs)} runs at {', '.join(map(str, steps))} steps, code version "
-        f"{', '.join(codes)} (commits {', '.join(c[:10] for c in commits)}).",
+        "docstring says what each path is) from `runs.tar.xz` in this folder.",
+        "",
+        *table_lines(summary),
+    ]
+    (out_dir / "README.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def table_lines(summary: dict[str, Any]) -> list[str]:
+    """What the runs were, the two paths, and the table of :func:`gaps` (``summary.json``)."""
+    lines = [
+        f"{summary['runs']} runs at {', '.join(map(str, summary['steps']))} steps, code "
+        f"version {', '.join(summary['step_codes'])} (commits "
+        f"{', '.join(c[:10] for c in summary['commits'])}), on one host side by side:",
         "",
         "- **study**: the verdict's path (contiguous layout, the study's schedule, one "
         "micro-batch per worker);",
@@ -192,13 +203,14 @@ def report(archive: Path, out_dir: Path) -> dict[str, Any]:
         "",
         "Each method at the lr the verdict chose at this horizon; gap: % from dense AdamS on "
         "the same path and seed, mean ± sd over seeds; moved: the product path's gap minus "
-        "the study path's, paired by seed.",
+        "the study path's, paired by seed (percentage points); loss moved: % from the study "
+        "path's final loss to the product path's, paired by seed.",
         "",
-        "| model | method | seeds | loss, study | loss, product | gap, study | gap, product "
-        "| gap moved |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | method | seeds | loss, study | loss, product | loss moved | gap, study "
+        "| gap, product | gap moved |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for model, cells in table.items():
+    for model, cells in summary["cells"].items():
         for variant, c in cells.items():
             gap = ("(reference)", "(reference)", "-") if variant == REFERENCE else (
                 _pm(c["study"]["gap_pct"]), _pm(c["product"]["gap_pct"]),
@@ -206,10 +218,10 @@ def report(archive: Path, out_dir: Path) -> dict[str, Any]:
             lines.append(
                 f"| {model} | {variant} | {len(c['seeds'])} "
                 f"| {_pm(c['study']['final_val_loss'], False)} "
-                f"| {_pm(c['product']['final_val_loss'], False)} | {' | '.join(gap)} |"
+                f"| {_pm(c['product']['final_val_loss'], False)} "
+                f"| {_pm(c['loss_moved_pct'])} | {' | '.join(gap)} |"
             )
-    (out_dir / "README.md").write_text("\n".join(lines) + "\n")
-    return summary
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,6 +134,12 @@ def write_report(
     update_block(out_dir / "README.md",
                  length_text(index, labels, verdict_models, train_tokens(data_dir)), "length")  # fmt: skip
     update_block(out_dir / "README.md", early_gap_text(index, labels, verdict_models), "early")
+    carried = out_dir / "product_path" / "summary.json"
+    if carried.is_file():  # make quality-product-path's (pipelines.studies.product_path)
+        from pipelines.studies.product_path import table_lines
+
+        summary = json.loads(carried.read_text(encoding="utf-8"))
+        update_block(out_dir / "README.md", "\n".join(table_lines(summary)), "product")
     if gpu_repo is not None:  # the GPU queue's cells (pipelines.studies.report_gpu)
         from pipelines.studies.report_gpu import gpu_text
 

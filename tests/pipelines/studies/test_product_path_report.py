@@ -54,4 +54,7 @@ def test_the_table_recomputes_from_the_archive_alone(tmp_path):
     (out / "README.md").unlink()
     assert report(out / "runs.tar.xz", out) == first
     assert (out / "README.md").read_text() == readme
-    assert "| llama | scape99_ramp | 2 | 4.700 ± 0.424 | 4.300 ± 0.141 | +5.00 ± 7.07 " in readme
+    assert (
+        "| llama | scape99_ramp | 2 | 4.700 ± 0.424 | 4.300 ± 0.141 | -8.27 ± 5.27 | +5.00 ± 7.07 "
+        in readme
+    )
