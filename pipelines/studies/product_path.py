@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.studies.quality_config import PATHS, RunSpec, ScaleConfig, VariantSpec
+from pipelines.studies.quality_config import PATHS, RunSpec
 
 __all__ = ["gaps", "main", "plan", "report", "table_lines"]
 
@@ -38,37 +38,34 @@ REFERENCE = "adams"
 VARIANTS = ("adams", "adamw", "scape90", "scape99_ramp")
 
 
-def _study_settings() -> tuple[ScaleConfig, dict[str, VariantSpec], str]:
-    """The verdict's scale (conf/quality/scale/small.yaml), variants and data directory."""
+def plan(steps: int, seeds: list[int], variants: tuple[str, ...]) -> list[RunSpec]:
+    """Every (model, variant, seed) of the verdict at ``steps`` and its chosen lr, on both
+    paths: each rebuilt from the verdict's own stored run (its settings, checked against its
+    fingerprint), so the study's side is that run."""
     from omegaconf import OmegaConf
 
-    conf = REPO / "conf"
-    raw = OmegaConf.load(conf / "quality_study.yaml")
-    scale = OmegaConf.merge(OmegaConf.structured(ScaleConfig),
-                            OmegaConf.load(conf / "quality" / "scale" / "small.yaml"))  # fmt: skip
-    variants = {name: VariantSpec(**OmegaConf.to_container(v))  # type: ignore[arg-type]
-                for name, v in raw.variants.items()}  # fmt: skip
-    return OmegaConf.to_object(scale), variants, str(raw.data_dir)  # type: ignore[return-value]
+    from pipelines.studies.replay import spec_of
+    from pipelines.studies.report_stats import VERDICT_MODELS
+    from pipelines.studies.run_index import RunIndex, RunKey
 
-
-def plan(steps: int, seeds: list[int], variants: tuple[str, ...]) -> list[RunSpec]:
-    """Every (model, variant, seed) at the verdict's chosen lr for ``steps``, on both paths."""
-    from pipelines.studies.run_index import RunIndex
-
-    scale, specs, data_dir = _study_settings()
+    data_dir = str(OmegaConf.load(REPO / "conf" / "quality_study.yaml").data_dir)
     index = RunIndex.load(REPO / "results" / "quality")  # the verdict's code version
     runs = []
-    for model in scale.models:
+    for model in VERDICT_MODELS:
         for name in variants:
-            choice = index.lr_choice(model.name, name, steps)
+            choice = index.lr_choice(model, name, steps)
             if choice is None or not choice.closed:
-                raise SystemExit(f"{model.name} {name} at {steps} steps: the verdict has no "
-                                 "closed lr grid there; pick a horizon it has (--steps)")  # fmt: skip
+                raise SystemExit(f"{model} {name} at {steps} steps: the verdict has no closed "
+                                 "lr grid there; pick a horizon it has (--steps)")  # fmt: skip
             for seed in seeds:
+                stored = index.runs.get(RunKey(model, name, steps, choice.lr, seed))
+                if stored is None:
+                    raise SystemExit(f"{model} {name} at {steps} steps: the verdict has no run "
+                                     f"of seed {seed}; use its seeds (--seeds)")  # fmt: skip
+                spec = spec_of(stored, data_dir)
                 for path in PATHS:
-                    at = dataclasses.replace(scale, steps=steps, path=path)
-                    runs.append(RunSpec(model, name, specs[name], seed, at, data_dir,
-                                        lr_scale=choice.lr))  # fmt: skip
+                    at = dataclasses.replace(spec.scale, path=path)
+                    runs.append(dataclasses.replace(spec, scale=at))
     return runs
 
 
