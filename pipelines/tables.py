@@ -38,6 +38,7 @@ from data_prep.dataset import prepared_dir
 from pipelines.efficiency import efficiency_table
 from pipelines.stage import one_line_errors, register_schema
 from pipelines.training.config import sparsity_of
+from pipelines.training.metrics import sent_by_kind, sent_total
 from pipelines.training.provenance import PROVENANCE_FILE, git_version
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
@@ -109,14 +110,14 @@ class RunSummary:
         return float(sum(r["step_time"] for r in self.metrics))
 
     def bytes_per_step(self, skip: int) -> dict[str, float]:
-        rows = [r.get("bytes") or {} for r in self.metrics if r["step"] > skip]
+        rows = [sent_by_kind(r) for r in self.metrics if r["step"] > skip]
         kinds = sorted({k for row in rows for k in row})
         return {k: statistics.median(row.get(k, 0.0) for row in rows) for k in kinds}
 
     def run_bytes_per_step(self) -> float:
         """Every kind's bytes summed, the mean over all of the run's steps: what a run sends
         per step in all, warm-up and density ramp included."""
-        totals = [sum((r.get("bytes") or {}).values()) for r in self.metrics]
+        totals = [sent_total(r) for r in self.metrics]
         return statistics.fmean(totals) if totals else 0.0
 
 

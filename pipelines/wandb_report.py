@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelines.training.metrics import sent_by_kind
+
 if TYPE_CHECKING:  # the library imports wandb (~1.5 s): only when a report is built
     import wandb_workspaces.reports.v2 as wr
 
@@ -89,7 +91,7 @@ def _stable_id(*parts: str) -> str:
 
 
 def _bytes_kinds(runs: list[RunSummary]) -> list[str]:
-    logged = {k for r in runs for m in r.metrics for k in (m.get("bytes") or {})}
+    logged = {k for r in runs for m in r.metrics for k in sent_by_kind(m)}
     kinds = [k for k in BYTES_KINDS if k in logged] + sorted(logged - set(BYTES_KINDS))
     return kinds or list(BYTES_KINDS)
 

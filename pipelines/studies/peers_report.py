@@ -26,6 +26,7 @@ from typing import Any
 from pipelines.studies.peers_figures import plot_frontier, plot_loss_vs_bytes
 from pipelines.studies.protocol import LrChoice, choose_lr
 from pipelines.training.config import PretrainConfig
+from pipelines.training.metrics import sent_total
 from pipelines.training.provenance import PROVENANCE_FILE
 from pipelines.training.tracking import METRICS_FILE, read_metrics
 
@@ -118,7 +119,7 @@ def summarize_method(method: str, label: str, runs: list[list[dict[str, Any]]]) 
     """Seed statistics of one method from its runs' metrics records."""
     finals, per_step, curves, diverged = [], [], [], 0
     for records in runs:
-        totals = [sum(r["bytes"].values()) for r in records]
+        totals = [sent_total(r) for r in records]
         per_step.append(sum(totals) / len(totals))
         final = next(r["val_loss"] for r in reversed(records) if "val_loss" in r)
         if not math.isfinite(final):
@@ -257,7 +258,7 @@ def frontier(
             if s in ref_loss and math.isfinite(loss) and math.isfinite(ref_loss[s])
         }
         records = [read_metrics(r.run_dir / METRICS_FILE) for r in mine]
-        per_step = [[sum(x["bytes"].values()) for x in recs if "bytes" in x] for recs in records]
+        per_step = [[sent_total(x) for x in recs if "bytes" in x] for recs in records]
         for r in mine:
             c = _commit(r)
             commits.setdefault((c["commit"], c["dirty"]), []).append(r.run_dir.name)

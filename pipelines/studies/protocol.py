@@ -56,7 +56,7 @@ STEP_SOURCES = (
                                       "simulate", "step", "fused")),
     "scape/peers/dgc.py", "scape/megatron/models.py", "scape/megatron/train.py",
     "pipelines/training/loop.py", "pipelines/training/simulator_engine.py",
-    "pipelines/training/checkpoint.py",
+    "pipelines/training/checkpoint.py", "pipelines/training/metrics.py",
     *(f"pipelines/studies/{name}.py" for name in ("quality_run", "quality_data", "readings",
                                                    "quality_config")),
 )  # fmt: skip

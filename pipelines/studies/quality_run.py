@@ -13,8 +13,9 @@ checkpoint format. The study's own path (``scale.path=study``, the verdict's run
 a user's run in three choices: its schedule (:func:`lr_at`, whose cosine runs one step behind
 Megatron's), its parameter layout (the simulator's contiguous one, not Megatron's buckets) and
 one micro-batch per worker; ``scale.path=product`` takes the user's
-(``tests/pipelines/studies/test_product_path.py``). Its records and evaluation are its own
-(:class:`_StudySteps`).
+(``tests/pipelines/studies/test_product_path.py``). Its step records and validation loss are
+the pretrain stage's (:mod:`pipelines.training.metrics`); what it does with them (the
+divergence rule, a record every :data:`LOG_EVERY` steps) is its own (:class:`_StudySteps`).
 
 Resuming: a run writes ``<run_id>.jsonl.partial`` line by line and renames it to
 ``<run_id>.jsonl`` when it ends; a finished run whose header matches the settings is
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from pipelines.studies.quality_config import (
     DEFAULTS_UNHASHED,
@@ -57,6 +58,7 @@ from pipelines.training.checkpoint import (
     restore_training_state,
     save_training_state,
 )
+from pipelines.training.metrics import step_record, validation_loss
 from scape.adams import AdamHParams
 from scape.simulate import Simulator
 
@@ -130,26 +132,6 @@ def lr_at(step: int, scale: ScaleConfig) -> float:
     span = max(1, scale.steps - scale.warmup_steps)
     progress = min(1.0, (step - scale.warmup_steps) / span)
     return scale.min_lr + 0.5 * (scale.lr - scale.min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-def lm_loss(model: nn.Module, batch: Batch) -> Tensor:
-    from scape.megatron.train import forward_loss
-
-    tokens, labels = batch
-    device = next(model.parameters()).device
-    return forward_loss(model, tokens.to(device), labels.to(device))
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, batches: list[Batch]) -> float:
-    """Token-weighted mean loss over the validation batches."""
-    model.eval()
-    total, count = 0.0, 0
-    for tokens, labels in batches:
-        total += float(lm_loss(model, (tokens, labels))) * tokens.numel()
-        count += tokens.numel()
-    model.train()
-    return total / count
 
 
 def completed_run(path: Path, fingerprint: str) -> dict[str, Any] | None:
@@ -251,33 +233,25 @@ class _StudySteps:
     step), the JSONL and wall-time checkpoints."""
 
     def __init__(self, spec: RunSpec, engine: Any, log: Any, rule: DivergenceRule,
-                 val_batches: list[Batch], checkpoint: Any, checkpoint_s: float) -> None:  # fmt: skip
+                 val_batches: list[Batch], checkpoint: Any, checkpoint_s: float, *,
+                 skipped: int = 0, last_val: float = float("nan")) -> None:  # fmt: skip
+        """``skipped``, ``last_val``: a resumed run's skipped steps and latest validation loss."""
         self.spec, self.engine, self.log, self.rule = spec, engine, log, rule
         self.val_batches, self.checkpoint, self.checkpoint_s = val_batches, checkpoint, checkpoint_s
         scale = spec.scale
         self.tokens_per_step = scale.world_size * scale.batch_per_worker * scale.seq_length
         self.last_ckpt = time.perf_counter()
-        self.skipped, self.diverged, self.last_val = 0, False, float("nan")
+        self.skipped, self.diverged, self.last_val = skipped, False, last_val
 
     def write(self, record: dict[str, Any]) -> None:
         self.log.write(json.dumps(record) + "\n")
         self.log.flush()
 
     def record(self, step: int, lr: float, result: Any) -> dict[str, Any]:
-        detail = self.engine.last  # the simulator's own result: overlap and moment norms
-        record: dict[str, Any] = {
-            "step": step,
-            "tokens": step * self.tokens_per_step,
-            "loss": result.loss,
-            "lr": lr,
-            "grad_norm": result.grad_norm,
-            "skipped": not result.updated,
-            "bytes": sum(self.engine.bytes_last_step().values()),
-        }
-        if detail.mask_overlap is not None:
-            record["mask_overlap"] = detail.mask_overlap
-        if detail.moment_norm is not None:
-            record["moment_norm"] = detail.moment_norm
+        # one process is every rank: its loss is already the rank mean
+        record = step_record(step, self.tokens_per_step, result.loss, lr, result,
+                             self.engine.bytes_last_step())  # fmt: skip
+        record.update(result.diagnostics)  # the simulator's overlap and moment norms
         self.skipped += int(not result.updated)
         return record
 
@@ -286,7 +260,7 @@ class _StudySteps:
         return self.diverged
 
     def evaluate(self) -> float:
-        self.last_val = evaluate(self.engine.model, self.val_batches)
+        self.last_val = validation_loss(self.engine.model, self.val_batches)
         self.diverged = self.diverged or not math.isfinite(self.last_val)
         return self.last_val
 
@@ -359,8 +333,8 @@ def train_run(
         save_training_state(engine, schedule, step, ckpt, keep=1, extra=extra)
 
     with open(partial, "w" if resumed is None else "a", encoding="utf-8") as log:
-        steps = _StudySteps(spec, engine, log, rule, val_batches, checkpoint, checkpoint_s)
-        steps.skipped, steps.last_val = skipped, last_val
+        steps = _StudySteps(spec, engine, log, rule, val_batches, checkpoint, checkpoint_s,
+                            skipped=skipped, last_val=last_val)  # fmt: skip
         if resumed is None:
             steps.write(
                 {
@@ -391,7 +365,7 @@ def train_run(
         end = run_loop(engine, schedule, data.data, steps, start=first, steps=scale.steps,
                        eval_interval=scale.eval_interval,
                        micro_batch_size=micro_batch_size)  # fmt: skip
-        final_val = evaluate(model, final_val_batches)
+        final_val = validation_loss(model, final_val_batches)
         sim = engine.simulator
         final = {
             "event": FINAL,

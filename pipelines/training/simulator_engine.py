@@ -24,7 +24,7 @@ The simulator keeps fp32 params; bf16 and the peer baselines run on the Megatron
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ class SimulatorEngine(EngineCommon):
     optimizer: ScheduledGroups
     data_dir: Path | None
     device: torch.device
-    last: Any = None  # the simulator's result of the last step (scape.simulate.StepResult)
+    sent: dict[str, float] = field(default_factory=dict)  # the last step's bytes by kind
 
     @classmethod
     def around(cls, simulator: Any) -> SimulatorEngine:
@@ -113,13 +113,15 @@ class SimulatorEngine(EngineCommon):
         result = self.simulator.step(micro_batches, _micro_batch_loss, lr=lr)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.last = result
+        self.sent = dict(result.bytes)
+        diagnostics = {k: getattr(result, k) for k in ("mask_overlap", "moment_norm")
+                       if getattr(result, k) is not None}  # fmt: skip
         return StepResult(result.loss, result.grad_norm, not result.skipped,
-                          time.perf_counter() - start)  # fmt: skip
+                          time.perf_counter() - start, diagnostics)  # fmt: skip
 
     def bytes_last_step(self) -> dict[str, float]:
         """Bytes one rank would send (ring accounting), by kind of traffic."""
-        return {} if self.last is None else dict(self.last.bytes)
+        return dict(self.sent)
 
     def check_consistency(self, step: int) -> None:
         """One model holds every replica: nothing can diverge."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.training.config import PretrainConfig, sparsity_of
+from pipelines.training.metrics import sent_by_kind
 
 __all__ = ["METRICS_FILE", "RunLogger", "read_metrics", "run_name", "wandb_mode", "wandb_tags"]
 
@@ -112,8 +113,9 @@ class RunLogger:
             return
         self._file.write(json.dumps(record) + "\n")
         if self._wandb is not None:
-            flat = {k: v for k, v in record.items() if k != "bytes" and v is not None}
-            flat.update({f"bytes/{k}": v for k, v in (record.get("bytes") or {}).items()})
+            flat = {k: v for k, v in record.items()
+                    if k not in ("bytes", "bytes_by_kind") and v is not None}  # fmt: skip
+            flat.update({f"bytes/{k}": v for k, v in sent_by_kind(record).items()})
             self._wandb.log(flat, step=record["step"])
 
     def finish(self) -> None:

@@ -38,6 +38,7 @@ from pipelines.training.config import PretrainConfig
 from pipelines.training.data import load_training_data
 from pipelines.training.engine import build_engine
 from pipelines.training.loop import megatron_schedule, run_loop
+from pipelines.training.metrics import step_record, validation_loss
 from pipelines.training.tracking import RunLogger
 
 __all__ = ["train_rank"]
@@ -93,24 +94,15 @@ def _any(flag: bool) -> bool:
     return bool(t.item())
 
 
-@torch.no_grad()
 def evaluate(training, data, rank: int, cfg: PretrainConfig) -> float:
-    """The mean over data-parallel ranks of each rank's mean validation loss."""
-    from scape.megatron.train import forward_loss
-
-    model = training.runner
-    model.eval()
-    means = []
-    for data_rank in training.data_ranks(rank):
-        losses = [
-            float(forward_loss(model, tokens.to(training.device), labels.to(training.device)))
-            for tokens, labels in data.validation_batches(
-                data_rank, cfg.train.eval_iters, cfg.train.micro_batch_size
-            )
-        ]
-        means.append(sum(losses) / len(losses))
-    model.train()
-    return _all_mean(sum(means)) / len(means)
+    """The mean over data-parallel ranks of each rank's validation loss
+    (:func:`~pipelines.training.metrics.validation_loss`, as the studies evaluate)."""
+    per_rank = [
+        validation_loss(training.runner, data.validation_batches(
+            data_rank, cfg.train.eval_iters, cfg.train.micro_batch_size))
+        for data_rank in training.data_ranks(rank)
+    ]  # fmt: skip
+    return _all_mean(sum(per_rank)) / len(per_rank)
 
 
 def _resume(training, scheduler, run_dir: Path, log) -> int:
@@ -153,16 +145,12 @@ class _PretrainSteps:
         loss = _all_mean(result.loss)
         if not math.isfinite(loss):
             self.logger.warn(f"step {step}: non-finite loss {loss}")
+        sent = self.training.bytes_last_step()
         return {
-            "step": step,
-            "tokens": step * self.tokens_per_step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": result.grad_norm,
-            "skipped": not result.updated,
+            **step_record(step, self.tokens_per_step, loss, lr, result, sent),
+            "bytes_by_kind": sent,
             "step_time": result.seconds,
             "tokens_per_s": self.tokens_per_step / result.seconds,
-            "bytes": self.training.bytes_last_step(),
         }
 
     def ends_run(self, record: dict[str, Any]) -> bool:

@@ -9,7 +9,7 @@ mask on ``"cuda"``, and being explicit keeps CPU and GPU runs on the same code p
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -23,6 +23,9 @@ class StepResult:
     grad_norm: float | None  # global norm of the synchronized gradient, if computed
     updated: bool  # False when the optimizer skipped the step (non-finite gradient)
     seconds: float  # wall time of the whole step on this rank
+    # what an engine measures beyond these, logged after them (the simulator's mask overlap
+    # and first-moment norm, when its method has them)
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 def causal_mask(seq_len: int, device: torch.device | str) -> Tensor:

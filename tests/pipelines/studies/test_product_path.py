@@ -84,7 +84,11 @@ def test_a_product_path_study_run_trains_what_the_pretrain_stage_trains(tmp_path
     steps = [r for r in study if "step" in r and "event" not in r]
     assert [r["step"] for r in steps] == [10, 20]
     assert user[STEPS]["loss"] < user[1]["loss"] - 0.2  # it trains
+    common = ["step", "tokens", "loss", "lr", "grad_norm", "skipped", "bytes"]
     for record in steps:
         mine = user[record["step"]]
-        for key in ("loss", "grad_norm", "lr"):
+        # one record format (pipelines.training.metrics): the same fields first, in order
+        assert list(record)[: len(common)] == list(mine)[: len(common)] == common
+        for key in common:
             assert record[key] == mine[key], (key, record["step"], record[key], mine[key])
+        assert mine["bytes"] == sum(mine["bytes_by_kind"].values())

@@ -73,4 +73,4 @@ def test_megatron_ranks_and_the_simulator_train_the_same_model(
                 rel = 1e-5 if key == "grad_norm" else 1e-6
                 assert b[key] == pytest.approx(a[key], rel=rel), (key, a["step"])
         assert a["lr"] == b["lr"]  # one schedule drives both
-        assert b["bytes"]["grad_values"] == a["bytes"]["grad_values"], a["step"]
+        assert b["bytes_by_kind"]["grad_values"] == a["bytes_by_kind"]["grad_values"], a["step"]
