@@ -157,9 +157,11 @@ quality-replay: $(STAMP)
 	$(PY) -m pipelines.quality_study replay=true data_dir=$(QUALITY_DATA) $(ARGS)
 
 # The same replay with both sides made on this host (a host with another CPU can miss the
-# older code's own stored bits): OLDER=<commit of the older code version>, after quality-replay.
+# older code's own stored bits): OLDER=<commit of the older code version>, after quality-replay,
+# or SETS=<stored versions>, e.g. SETS=1bfbfa29a43b,cb351f3e9a0f (the 13 cheap runs, about
+# 12 minutes a side), to make today's side of just those versions first.
 quality-replay-host: $(STAMP)
-	$(PY) -m pipelines.studies.host_replay $(OLDER) --data-dir $(QUALITY_DATA)
+	$(PY) -m pipelines.studies.host_replay $(OLDER) --data-dir $(QUALITY_DATA) $(if $(SETS),--sets $(SETS))
 
 # Does the recipe's per-family lr rule hold where users meet it (make reproduce-table's setting,
 # 2 seeds, x1 against the rule)? Writes results/quality/transfer_check.json (minutes), which

@@ -7,7 +7,10 @@ the last places), so a failed replay there says nothing about the change. This m
 sides here:
 
 1. today's code re-runs the older version's replay set: the runs `make quality-replay` left
-   in its ``replay_dir`` (run it first);
+   in its ``replay_dir`` (run it first), or, with ``--sets V1,V2``, the replay sets of those
+   stored code versions only, made here first (`make quality-replay` replays every version
+   it cannot join, and cross-host stored bits never join, so it goes on to the 3,000-step
+   versions' runs, minutes each; the cheap sets are enough to compare two versions here);
 2. the older commit, checked out in a temporary git worktree, replays those runs with its
    own code (its own ``quality_study replay=true`` on a copy of them, on this host);
 3. where the older code gives every logged bit of today's runs, the two versions are
@@ -28,8 +31,9 @@ from pathlib import Path
 
 from pipelines.studies.protocol import load_equivalences, record_equivalence, step_code
 from pipelines.studies.run_index import read_run
+from pipelines.studies.run_store import run_texts
 
-__all__ = ["host_name", "main", "replay_on_this_host"]
+__all__ = ["host_name", "main", "replay_on_this_host", "replay_sets_here"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +52,36 @@ def _git(*args: str, cwd: Path = REPO) -> str:
                           text=True).stdout.strip()  # fmt: skip
 
 
+def _replay(repo: Path, out: Path, *, data_dir: Path, replay_dir: Path) -> None:
+    """``repo``'s own code replays every stored code version under ``out/runs``."""
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, "-m", "pipelines.quality_study", "replay=true",
+                    f"out_dir={out}", f"data_dir={Path(data_dir).resolve()}",
+                    f"replay_dir={Path(replay_dir).resolve()}"], cwd=repo, env=env,
+                   check=True)  # fmt: skip
+
+
+def replay_sets_here(sets: list[str], *, data_dir: Path, replay_dir: Path, runs_dir: Path) -> None:
+    """Step 1 for the stored code versions ``sets`` only: today's code replays their replay
+    sets (one run per model and variant) into ``replay_dir/<today's version>``, from a
+    temporary study folder that holds copies of just their runs."""
+    with tempfile.TemporaryDirectory(prefix="host_replay_sets_") as tmp:
+        out, found = Path(tmp) / "out", set()
+        for name, text in run_texts(runs_dir):
+            version = name.split("/", 1)[0] if "/" in name else None
+            if version in sets:
+                (out / "runs" / name).parent.mkdir(parents=True, exist_ok=True)
+                (out / "runs" / name).write_text(text, encoding="utf-8")
+                found.add(version)
+        missing = [v for v in sets if v not in found]
+        if missing:
+            raise SystemExit(f"host replay: --sets {','.join(missing)}: no stored runs of that "
+                             f"code version in {runs_dir}; name versions whose archives are "
+                             f"there (<version>.tar.xz)")  # fmt: skip
+        print(f"host replay: today's code replays the runs of {', '.join(sets)}", flush=True)
+        _replay(REPO, out, data_dir=data_dir, replay_dir=replay_dir)
+
+
 def replay_on_this_host(older: str, *, data_dir: Path, replay_dir: Path,
                         runs_dir: Path) -> dict | None:  # fmt: skip
     """Steps 2-3 of the module docstring; returns the recorded equivalence, or None."""
@@ -56,7 +90,8 @@ def replay_on_this_host(older: str, *, data_dir: Path, replay_dir: Path,
     if not ours:
         raise SystemExit(
             f"host replay: no finished replay of code version {current} in {replay_dir / current}:"
-            " run `make quality-replay` first (its runs are today's side)"
+            " run `make quality-replay` first (its runs are today's side), or name the stored"
+            " versions to replay here with --sets (make quality-replay-host SETS=...)"
         )
     commit = _git("rev-parse", "--verify", f"{older}^{{commit}}")
     with tempfile.TemporaryDirectory(prefix="host_replay_") as tmp:
@@ -71,13 +106,9 @@ def replay_on_this_host(older: str, *, data_dir: Path, replay_dir: Path,
             (out / "runs" / current).mkdir(parents=True)
             for path in ours:
                 shutil.copy2(path, out / "runs" / current / path.name)
-            env = {**os.environ, "PYTHONPATH": str(tree)}
             print(f"host replay: commit {commit[:10]} replays {len(ours)} runs of `{current}` "
                   f"on this host ({host_name()})", flush=True)  # fmt: skip
-            subprocess.run([sys.executable, "-m", "pipelines.quality_study", "replay=true",
-                            f"out_dir={out}", f"data_dir={Path(data_dir).resolve()}",
-                            f"replay_dir={Path(tmp) / 'replays'}"], cwd=tree, env=env,
-                           check=True)  # fmt: skip
+            _replay(tree, out, data_dir=data_dir, replay_dir=Path(tmp) / "replays")
             found = [r for r in load_equivalences(out / "runs") if r["same_as"] == current]
         finally:
             _git("worktree", "remove", "--force", str(tree))
@@ -100,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("data/enwiki_sample__bytebpe1k"))
     parser.add_argument("--replay-dir", type=Path, default=Path("outputs/quality_replay"))
     parser.add_argument("--runs-dir", type=Path, default=Path("results/quality/runs"))
+    parser.add_argument("--sets", default="",
+                        help="comma-separated stored code versions whose replay sets today's "
+                             "code makes first (instead of `make quality-replay`)")  # fmt: skip
     args = parser.parse_args(argv)
+    sets = [v for v in args.sets.split(",") if v]
+    if sets:
+        replay_sets_here(sets, data_dir=args.data_dir, replay_dir=args.replay_dir,
+                         runs_dir=args.runs_dir)  # fmt: skip
     record = replay_on_this_host(args.older, data_dir=args.data_dir, replay_dir=args.replay_dir,
                                  runs_dir=args.runs_dir)  # fmt: skip
     print(json.dumps(record))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipelines.studies.host_replay import host_name, replay_on_this_host
+from pipelines.studies.host_replay import host_name, replay_on_this_host, replay_sets_here
 
 
 def test_the_host_is_named_by_cpu_and_vector_width():
@@ -31,3 +31,18 @@ def test_a_commit_of_todays_own_version_is_refused_in_one_line(tmp_path, monkeyp
         replay_on_this_host("HEAD", data_dir=tmp_path, replay_dir=tmp_path / "replays",
                             runs_dir=tmp_path / "runs")  # fmt: skip
     assert "\n" not in str(err.value)
+
+
+def test_sets_without_stored_runs_are_named_in_one_line(tmp_path):
+    """--sets names stored code versions; one with no runs in the folder is refused before
+    anything runs, and the line names it and where to look."""
+    from pipelines.studies.run_store import archive_runs
+
+    run = tmp_path / "runs" / "aaa" / "m__adams__s0__t1.jsonl"
+    run.parent.mkdir(parents=True)
+    run.write_text('{"event": "header"}\n')
+    archive_runs(tmp_path / "runs", "aaa")
+    with pytest.raises(SystemExit, match="--sets bbb: no stored runs") as err:
+        replay_sets_here(["aaa", "bbb"], data_dir=tmp_path, replay_dir=tmp_path / "replays",
+                         runs_dir=tmp_path / "runs")  # fmt: skip
+    assert "\n" not in str(err.value) and "aaa" not in str(err.value).split(":")[1]
