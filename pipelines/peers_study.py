@@ -72,7 +72,8 @@ STUDY_SOURCES = (
     *(f"scape/megatron/{n}.py" for n in ("__init__", "bucket_group", "checkpoint", "cpu_compat",
                                           "dense", "layout", "models", "optimizer", "state", "train")),
     *(f"pipelines/training/{n}.py" for n in ("checkpoint", "config", "data", "engine",
-                                              "engine_base", "megatron_engine", "peer_engine", "trainer")),
+                                              "engine_base", "loop", "megatron_engine", "metrics",
+                                              "peer_engine", "trainer")),
 )  # fmt: skip
 
 QUICK_OVERRIDES = [
