@@ -187,13 +187,9 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     """Run (or skip, when finished) every planned run, then write the report."""
     import torch
 
-    from pipelines.studies.quality_data import load_study_data
     from pipelines.studies.quality_report import write_report
-    from pipelines.studies.quality_run import (
-        completed_log,
-        init_megatron_single_process,
-        train_run,
-    )
+    from pipelines.studies.quality_run import completed_log, init_megatron_single_process
+    from pipelines.studies.study_trainer import StudyTrainer
 
     cfg = resolve(cfg)
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its dataset INFO lines drown ours
@@ -216,8 +212,7 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         return choice.lr
 
     plan = [] if cfg.report_only or cfg.replay else plan_runs(cfg, chosen_lr)
-    data_cache: dict[tuple, Any] = {}  # per seed and scale shape
-    val_cache: dict[Any, Any] = {}  # (curve batches, final batches) per curve subset size
+    trainer = StudyTrainer(code, cache_dir=cfg.cache_dir, checkpoint_s=cfg.checkpoint_seconds)
 
     def finished(spec: RunSpec) -> dict[str, Any] | None:
         """The run's final record when this code version, or one a replay joined to it, has
@@ -233,22 +228,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     def train(spec: RunSpec, label: str, into: Path = runs_dir) -> dict[str, Any]:
         if into == runs_dir and (done := finished(spec)):
             return done
-        s = spec.scale
-        shape = (spec.seed, s.seq_length, s.world_size, s.batch_per_worker, s.steps)
-        if shape not in data_cache:
-            data_cache[shape] = load_study_data(
-                cfg.data_dir, seed=spec.seed, seq_length=s.seq_length, world_size=s.world_size,
-                batch_per_worker=s.batch_per_worker, steps=s.steps, cache_dir=cfg.cache_dir,
-            )  # fmt: skip
-        data = data_cache[shape]
-        if s.val_max_sequences not in val_cache:  # validation order is not shuffled
-            val_cache[s.val_max_sequences] = (
-                data.validation_batches(s.val_max_sequences, batch_size=64),
-                data.validation_batches(None, batch_size=64),
-            )
         start = time.perf_counter()
-        final = train_run(spec, data, *val_cache[s.val_max_sequences], into, code,
-                          checkpoint_s=cfg.checkpoint_seconds)  # fmt: skip
+        final = trainer(spec, into)
         print(
             f"[{label}] {spec.run_id}: val {final['final_val_loss']:.4f}"
             f"{' DIVERGED' if final['diverged'] else ''} ({time.perf_counter() - start:.0f}s)",

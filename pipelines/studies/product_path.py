@@ -48,7 +48,8 @@ def plan(steps: int, seeds: list[int], variants: tuple[str, ...]) -> list[RunSpe
     from pipelines.studies.report_stats import VERDICT_MODELS
     from pipelines.studies.run_index import RunIndex, RunKey
 
-    data_dir = str(OmegaConf.load(REPO / "conf" / "quality_study.yaml").data_dir)
+    # the study's data, found from anywhere (a run's fingerprint names only its folder's name)
+    data_dir = str(REPO / OmegaConf.load(REPO / "conf" / "quality_study.yaml").data_dir)
     index = RunIndex.load(REPO / "results" / "quality")  # the verdict's code version
     runs = []
     for model in VERDICT_MODELS:
@@ -74,26 +75,18 @@ def train(runs: list[RunSpec], out: Path) -> None:
     import torch
 
     from pipelines.studies.protocol import code_version
-    from pipelines.studies.quality_data import load_study_data
-    from pipelines.studies.quality_run import init_megatron_single_process, train_run
+    from pipelines.studies.quality_run import init_megatron_single_process
+    from pipelines.studies.study_trainer import StudyTrainer
 
     torch.set_num_threads(1)
     init_megatron_single_process()
-    code, data_by_seed = code_version(REPO), {}
+    trainer = StudyTrainer(code_version(REPO), cache_dir=REPO / "outputs" / "quality_cache",
+                           checkpoint_s=120.0)  # fmt: skip
     for i, spec in enumerate(runs, 1):
-        s = spec.scale
-        if spec.seed not in data_by_seed:
-            data = load_study_data(REPO / spec.data_dir, seed=spec.seed, seq_length=s.seq_length,
-                                   world_size=s.world_size, batch_per_worker=s.batch_per_worker,
-                                   steps=s.steps, cache_dir=REPO / "outputs" / "quality_cache")  # fmt: skip
-            val = (data.validation_batches(s.val_max_sequences, batch_size=64),
-                   data.validation_batches(None, batch_size=64))  # fmt: skip
-            data_by_seed[spec.seed] = (data, val)
-        data, val = data_by_seed[spec.seed]
         start = time.perf_counter()
-        final = train_run(spec, data, *val, out / s.path, code, checkpoint_s=120.0)
-        print(f"[{i}/{len(runs)}] {s.path} {spec.run_id}: val {final['final_val_loss']:.4f} "
-              f"({time.perf_counter() - start:.0f}s)", flush=True)  # fmt: skip
+        final = trainer(spec, out / spec.scale.path)
+        print(f"[{i}/{len(runs)}] {spec.scale.path} {spec.run_id}: "
+              f"val {final['final_val_loss']:.4f} ({time.perf_counter() - start:.0f}s)", flush=True)  # fmt: skip
 
 
 def pack(out: Path, archive: Path) -> None:
