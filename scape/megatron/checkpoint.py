@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import tempfile
 from pathlib import Path
 
@@ -292,11 +293,30 @@ def load_sharded(opt, state: dict) -> None:
     opt.check_consistency()
 
 
+def _in_process_write_results() -> None:
+    """Give megatron's checkpoint writer an in-process queue for its write results.
+
+    Its ``torch_dist`` strategy hands every save's results back through one module-level
+    queue, made on first use as ``mp.get_context("spawn").Manager().Queue()``: a server
+    process, spawned by every rank, that imports the rank's ``__main__`` again (2-3 s of each
+    rank's first save, longer than the save of a small model). Our saves are synchronous
+    (``dist_checkpointing.save`` without ``async_sharded_save``): the results are put and read
+    in the saving process itself, so a plain ``queue.Queue`` carries them. Left alone when it
+    exists already or the release keeps it elsewhere."""
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    if getattr(filesystem_async, "_results_queue", False) is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_distributed(directory: str | os.PathLike, opt) -> None:
     """SCAPE's state through Megatron's distributed checkpointing (collective)."""
     from megatron.core import dist_checkpointing
 
     Path(directory).mkdir(parents=True, exist_ok=True)
+    _in_process_write_results()
     dist_checkpointing.save(opt.sharded_state_dict(), str(directory))
 
 
