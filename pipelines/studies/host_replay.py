@@ -32,6 +32,7 @@ from pathlib import Path
 from pipelines.studies.protocol import load_equivalences, record_equivalence, step_code
 from pipelines.studies.run_index import read_run
 from pipelines.studies.run_store import run_texts
+from pipelines.training.provenance import cpu_name
 
 __all__ = ["host_name", "main", "replay_on_this_host", "replay_sets_here"]
 
@@ -40,11 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def host_name() -> str:
     """The CPU model and its widest vector extension: what decides the last bits here."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                  if line.startswith("model name")), "unknown CPU")  # fmt: skip
-    vector = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "no AVX2"
-    return f"{model}, {vector}"
+    return cpu_name()
 
 
 def _git(*args: str, cwd: Path = REPO) -> str:

@@ -59,6 +59,7 @@ from pipelines.training.checkpoint import (
     save_training_state,
 )
 from pipelines.training.metrics import step_record, validation_loss
+from pipelines.training.provenance import host_build
 from scape.adams import AdamHParams
 from scape.simulate import Simulator
 
@@ -349,6 +350,8 @@ def train_run(
                     "lr_scale": spec.lr_scale,
                     "params": n_params,
                     "code": code,
+                    # the CPU and torch build: equal configs move by ~1% between hosts
+                    "host": host_build(),
                     "settings": {
                         "model": vars(spec.model),
                         "variant": vars(spec.variant),

@@ -65,9 +65,10 @@ def _without(record: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 def differences(stored: RunLog, replayed: RunLog) -> str | None:
     """None when ``replayed`` logged the same bits as ``stored`` (the header but its code
-    stamp and its echo of the settings, whose fingerprint it keeps; every step record; the
+    stamp, its host and its echo of the settings, whose fingerprint it keeps; every step record; the
     final record but its wall time); else where it first differs."""
-    if _without(stored.header, "code", "settings") != _without(replayed.header, "code", "settings"):
+    ignored = ("code", "settings", "host")  # what made the run, not what it logged
+    if _without(stored.header, *ignored) != _without(replayed.header, *ignored):
         return "the headers differ"
     for a, b in zip(stored.steps, replayed.steps, strict=False):
         if a != b:
