@@ -14,22 +14,36 @@ DRY_RUN ?= 0
 # ALLOW_BUSY=1: let benchmarks time beside studies/tests (disturbed rounds are marked noisy)
 BUSY    := $(if $(filter 1,$(ALLOW_BUSY)),--allow-busy)
 
-.PHONY: setup test lint prepare prefetch reproduce-table quality-study peers-study clean-venv
+.PHONY: setup test test-slow lint prepare prefetch reproduce-table quality-study peers-study clean-venv
 
 setup: $(STAMP)
+
+# The editable install writes the project's egg-info into the tree: .ci/run builds both venvs
+# at once, so each takes this lock around it (flock, where the system has it).
+LOCKED := $(if $(shell command -v flock),flock .install.lock)
 
 $(STAMP): $(REQS) pyproject.toml
 	@echo ">> creating $(VENV) and installing pinned dependencies (first run only, ~3 min)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/cpu.txt -c requirements/cpu-lock.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(LOCKED) $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@echo ">> fetching the offline GPT-2 BPE asset (pinned sha256; see data_prep/assets.py)"
 	$(PY) -m data_prep.assets
 	@touch $(STAMP)
 
+# make test: every test but the whole-stage and study runs (marked slow), on PYTEST_WORKERS
+# processes, each test file on one worker (its module fixtures, e.g. one 2-rank Megatron
+# suite, are built once). make test-slow: the slow ones (a full stage, a study's quick run,
+# a resume after SIGKILL through the CLI); .ci/run runs both.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=10 $(XDIST) -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q --durations=10 $(XDIST) -m slow tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -236,13 +250,13 @@ $(MCORE_STAMP): $(REQS) requirements/mcore-latest.txt
 	cd "$$($(MCORE_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/megatron/core/datasets" && \
 		g++ -O3 -Wall -shared -std=c++17 -fPIC $$($(CURDIR)/$(MCORE_PY) -m pybind11 --includes) helpers.cpp \
 		-o helpers_cpp$$($(CURDIR)/$(MCORE_PY) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-	$(MCORE_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(LOCKED) $(MCORE_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(MCORE_PY) -m data_prep.assets
 	@touch $(MCORE_STAMP)
 
 test-mcore-latest: $(MCORE_STAMP)
 	$(MCORE_PY) -c "from importlib.metadata import version; print('>> megatron-core', version('megatron-core'))"
-	$(MCORE_PY) -m pytest -q $(MCORE_TESTS)
+	$(MCORE_PY) -m pytest -q --durations=10 $(XDIST) $(MCORE_TESTS)
 
 # For the GPU check on a machine without network: fetch the hash-pinned megatron-core wheel
 # for CPython 3.12 into vendor/wheels/ (gitignored), where scripts/gpu_check.sh installs it

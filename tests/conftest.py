@@ -1,5 +1,6 @@
 """Fixtures shared across the test directories."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -22,10 +23,15 @@ except ImportError:  # the environment tests run without torch
 
 @pytest.fixture(scope="session")
 def prepared_default():
-    """The offline default corpus in <repo>/data, prepared once (the stage is idempotent)."""
-    subprocess.run(
-        [sys.executable, "-m", "pipelines.prepare", "progress=false"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
+    """The offline default corpus in <repo>/data, prepared once (the stage is idempotent).
+    A lock file makes the test workers that share the checkout (pytest -n) wait for the one
+    that prepares it rather than write the same files at once."""
+    (REPO / "data").mkdir(exist_ok=True)
+    with open(REPO / "data" / ".prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [sys.executable, "-m", "pipelines.prepare", "progress=false"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )

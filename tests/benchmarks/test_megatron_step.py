@@ -172,6 +172,7 @@ def _mode():
     return [] if skip_reason() is None else ["--loopback"]
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_a_round_through_the_pretrain_engines_with_each_methods_floor(tmp_path, prepared_default):
     out = tmp_path / "m.json"
     # one measured step of two methods: 4 launches (steps and floor each), under a minute
@@ -216,6 +217,7 @@ def test_a_round_through_the_pretrain_engines_with_each_methods_floor(tmp_path, 
     assert pts["scape-99"].speedup_vs_no_overlap > 0
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_every_scape_part_is_timed_inside_the_floor_step(tmp_path, prepared_default):
     out = tmp_path / "parts.json"
     argv = ["--parts", "--methods", "scape-99", "--steps", "2", "--warmup", "2",

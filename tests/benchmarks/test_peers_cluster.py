@@ -71,6 +71,7 @@ def test_writes_skip_record(monkeypatch, tmp_path, capsys):
     assert "SKIPPED: not root: test" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_loopback_run_adams_vs_dgc99(tmp_path, capsys, prepared_default):
     """The pretrain stage's engines, 2 gloo ranks on 127.0.0.1, 4 steps of each method."""
     out = tmp_path / "cluster.json"

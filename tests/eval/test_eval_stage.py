@@ -112,6 +112,7 @@ def test_command_line_reports_offline_task_in_one_line(export):
     assert "HF_DATASETS_OFFLINE=1" in lines[0] and "scape_lastword" in lines[0]
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_lm_eval_command_line_runs_our_model(export):
     """The installed `scape-lm-eval` script: lm-eval's CLI, our model, a local task."""
     script = Path(sys.executable).parent / "scape-lm-eval"

@@ -31,6 +31,7 @@ def test_without_cuda_it_says_skipped_and_writes_nothing(tmp_path: Path) -> None
     assert not (tmp_path / "gpu").exists() and not (tmp_path / "records").exists()
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_cpu_smoke_runs_the_queue_in_windows_and_resumes(
     tmp_path: Path, prepared_small: Path
 ) -> None:

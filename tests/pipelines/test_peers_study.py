@@ -125,6 +125,7 @@ def test_the_yaml_and_the_schema_agree_on_the_setting():
     assert [m for m in STUDY_METHODS if m != "adamw"] == sweep  # every peer, and AdamW
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_quick_study_runs_both_methods_through_pretrain(tmp_path, prepared_default, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -124,6 +124,7 @@ def _cache_like_datasets(hf_home: Path, repo_id: str, config: str | None, split:
     builder.download_and_prepare()
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_offline_jobs_find_the_cache_and_name_what_is_missing(tmp_path):
     hf_home = tmp_path / "hf"
     hf_home.mkdir()

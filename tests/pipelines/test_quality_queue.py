@@ -25,6 +25,7 @@ def test_an_unknown_batch_or_worker_count_fails_naming_the_choices() -> None:
         run(QualityQueueConfig(batches=[Batch("a")], workers=0))
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_two_workers_split_a_batch_and_a_rerun_trains_nothing(
     prepared_small: Path, tmp_path: Path
 ) -> None:

@@ -108,6 +108,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_quick_study_end_to_end_then_resumes_deterministically(
     prepared_small: Path, tmp_path: Path
 ):
@@ -236,6 +237,7 @@ for name, scale in runs:
 """
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(prepared_small, tmp_path):
     """Each quick variant (dense AdamS, R0-99, SCAPE-99; SCAPE-99 on the product path too),
     crashed at step 17 of 24 with a checkpoint at every logged step, resumes at step 15 and

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipelines.training.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[3]
@@ -59,6 +61,7 @@ print(json.dumps(spec.variant.scape_config().__dict__, default=str))
 """
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_a_product_path_study_run_trains_what_the_pretrain_stage_trains(tmp_path, prepared_default):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(

@@ -161,6 +161,7 @@ def test_slurm_task_count_must_match_the_cluster_config(tmp_path, monkeypatch):
         train_in_slurm_task(compose([f"output_root={tmp_path}"]), tmp_path / "run")
 
 
+@pytest.mark.slow  # a whole stage or study run: make test-slow
 def test_local_submitit_sweep_runs_jobs_one_at_a_time(tmp_path, prepared_default):
     out = tmp_path / "runs"
     result = subprocess.run(
