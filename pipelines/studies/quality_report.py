@@ -21,7 +21,7 @@ from pathlib import Path
 from pipelines.studies.quality_config import ReadingRow, VariantSpec
 from pipelines.studies.quality_run import STALENESS_KEYS
 from pipelines.studies.recipe import recipe, recipe_text, ship, wire_choice
-from pipelines.studies.report_figures import plot_curves, plot_gap_vs_steps
+from pipelines.studies.report_figures import plot_curves, plot_gap_vs_steps, plot_shipped
 from pipelines.studies.report_prose import (
     divergence_summary,
     early_gap_text,
@@ -31,6 +31,12 @@ from pipelines.studies.report_prose import (
     train_tokens,
     update_block,
     verdict_text,
+)
+from pipelines.studies.report_shipped import (
+    shipped_cells,
+    shipped_multipliers,
+    shipped_table,
+    shipped_verdict_text,
 )
 from pipelines.studies.report_stats import VERDICT_MODELS, size_models
 from pipelines.studies.report_tables import (
@@ -117,9 +123,16 @@ def write_report(
         cost_table({v: variants[v] for v in order if v in variants}, labels, n, w),
         "",
     ]
-    (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
     verdict_models = [m for m in models if m in VERDICT_MODELS]
-    verdict = verdict_text(index, verdict_models)
+    # The verdict is what ships (issue 52): SCAPE at its configs' lr multipliers; the
+    # per-cell tuned sentence follows it in results/quality/README.md, named as such.
+    multipliers = shipped_multipliers()
+    verdict = shipped_verdict_text(index, verdict_models, multipliers)
+    shipped = shipped_table(index, verdict_models, multipliers)
+    text += ["## As shipped (SCAPE at its configs' lr multipliers)", "", shipped, ""]
+    (out_dir / "summary.md").write_text("\n".join(text), encoding="utf-8")
+    plot_shipped(index, {h: shipped_cells(index, verdict_models, multipliers, h) for h in horizons},
+                 labels, verdict_models, out_dir / "shipped_curves.png")  # fmt: skip
     rec = recipe(index, verdict_models + [m for m in size_models(index) if m not in verdict_models])
     rec["wire"] = wire_choice(index, verdict_models)
     transfer = out_dir / "transfer_check.json"
@@ -128,6 +141,8 @@ def write_report(
     update_block(out_dir / "README.md", recipe_text(rec, index, labels), "recipe")
     for readme in (out_dir / "README.md", *verdict_readmes):
         update_block(readme, verdict)
+    update_block(out_dir / "README.md", verdict_text(index, verdict_models), "tuned")
+    update_block(out_dir / "README.md", shipped, "shipped")
     update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),
                  "finalists")  # fmt: skip
     update_block(out_dir / "README.md", scale, "scale")

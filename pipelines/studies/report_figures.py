@@ -6,10 +6,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipelines.studies.report_stats import SIZE_FAMILY, _gap_stats
+from pipelines.studies.report_shipped import LABELS, ShippedCell, curve_points
+from pipelines.studies.report_stats import ADAMW, SIZE_FAMILY, _gap_stats
 from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey
 
-__all__ = ["plot_curves", "plot_gap_vs_steps"]
+__all__ = ["plot_curves", "plot_gap_vs_steps", "plot_shipped"]
+
+COLORS = {"scape90": "tab:blue", "scape99_ramp": "tab:orange"}  # one colour per arm, every panel
 
 
 def plot_gap_vs_steps(
@@ -126,6 +129,67 @@ def plot_curves(
     ax.set_title(f"{model}, {steps} steps")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_shipped(index: RunIndex, cells: dict[int, list[ShippedCell]], labels: dict[str, str],
+                 models: list[str], path: Path) -> None:  # fmt: skip
+    """The shipped arms' validation curves beside dense AdamW and AdamS (each at its chosen
+    lr), seed means, one panel per model (rows) and horizon (columns); a dashed line at
+    AdamW's last point, and where a shipped arm's curve first reaches it, a dot labelled
+    with the steps-to-target ratio (``cells``: :func:`~pipelines.studies.report_shipped.
+    shipped_cell` per horizon)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    horizons = sorted(cells)
+    if not horizons or not models:
+        return
+    fig, axes = plt.subplots(len(models), len(horizons), squeeze=False,
+                             figsize=(3.6 * len(horizons), 3.0 * len(models)))  # fmt: skip
+    for row, model in enumerate(models):
+        for col, steps in enumerate(horizons):
+            ax = axes[row][col]
+            target = None
+            for variant, style in ((ADAMW, "k-"), (REFERENCE, "k:")):
+                points = curve_points(index, model, variant, steps,
+                                      index.best_lr(model, variant, steps))  # fmt: skip
+                if points:
+                    ax.plot(*zip(*points, strict=True), style, lw=1.2,
+                            label=f"{labels.get(variant, variant)} (chosen lr)")  # fmt: skip
+                    target = points[-1][1] if variant == ADAMW else target
+            for cell in (c for c in cells[steps] if c.model == model):
+                points = curve_points(index, model, cell.variant, steps, cell.lr)
+                if not points:
+                    continue
+                (line,) = ax.plot(*zip(*points, strict=True), lw=1.2,
+                                  color=COLORS.get(cell.variant),
+                                  label=f"{LABELS[cell.variant]} shipped "
+                                  f"(x{cell.multiplier:g})")  # fmt: skip
+                if target is None:
+                    continue
+                reached = next(((s, v) for s, v in points if v <= target), None)
+                ratio = cell.target_adamw.text(steps) if cell.target_adamw else "-"
+                if reached is not None:
+                    ax.plot(*reached, "o", color=line.get_color())
+                ax.annotate(f"to AdamW: {ratio}", xy=(0.98, 0.9 - 0.08 * len(ax.texts)),
+                            xycoords="axes fraction", ha="right", fontsize=6,
+                            color=line.get_color())  # fmt: skip
+            if target is not None:
+                ax.axhline(target, color="grey", ls="--", lw=0.8)
+                ax.set_ylim(target - 0.4, target + 1.2)
+            ax.set_title(f"{model}, {steps:,} steps", fontsize=8)
+            ax.tick_params(labelsize=6)
+            ax.grid(alpha=0.3)
+            if row == len(models) - 1:
+                ax.set_xlabel("step", fontsize=7)
+            if col == 0:
+                ax.set_ylabel("validation loss (nats)", fontsize=7)
+    axes[0][0].legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
