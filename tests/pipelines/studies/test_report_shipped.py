@@ -28,16 +28,16 @@ def _run(model, variant, lr, seed, final, *, steps=100, start=6.0):
     return RunLog(header, curve, {"event": "final", "final_val_loss": final, "diverged": False})
 
 
-def _cell_runs(model, steps=100, scape_x2=4.2, scape_x1=4.04):
+def _cell_runs(model, steps=100, scape_x2=4.2, scape_x1=4.04, seeds=(0, 1)):
     runs = []
     for lr, loss in {0.5: 4.2, 1.0: 4.0, 2.0: 4.1}.items():  # AdamS: x1 chosen, grid closed
-        runs += [_run(model, "adams", lr, s, loss, steps=steps) for s in (0, 1)]
+        runs += [_run(model, "adams", lr, s, loss, steps=steps) for s in seeds]
     for lr, loss in {0.5: 4.0, 1.0: 3.9, 2.0: 3.95}.items():  # AdamW: x1 chosen
-        runs += [_run(model, "adamw", lr, s, loss, steps=steps) for s in (0, 1)]
+        runs += [_run(model, "adamw", lr, s, loss, steps=steps) for s in seeds]
     for variant in (S90, S99):  # tuned best at x1; SCAPE-99 ships x2
-        runs += [_run(model, variant, 1.0, s, scape_x1, steps=steps) for s in (0, 1)]
-        runs += [_run(model, variant, 2.0, s, scape_x2, steps=steps) for s in (0, 1)]
-        runs += [_run(model, variant, 0.5, s, 4.5, steps=steps) for s in (0, 1)]
+        runs += [_run(model, variant, 1.0, s, scape_x1, steps=steps) for s in seeds]
+        runs += [_run(model, variant, 2.0, s, scape_x2, steps=steps) for s in seeds]
+        runs += [_run(model, variant, 0.5, s, 4.5, steps=steps) for s in seeds]
     return runs
 
 
@@ -105,3 +105,15 @@ def test_the_multipliers_are_read_from_the_shipped_configs(tmp_path):
     assert shipped_multipliers(tmp_path) == {S90: {"gpt": 1.0, "llama": 2.0},
                                              S99: {"gpt": 3.0, "llama": 6.0}}  # fmt: skip
     assert set(shipped_multipliers()) == {S90, S99}  # the repository's own configs
+
+
+def test_the_headline_horizon_is_the_longest_that_meets_the_protocol():
+    # 3 seeds and closed dense grids at 100 steps; only 2 seeds at 200: the headline stays at
+    # 100, and takes 200 once it has the third seed
+    three = [m for model in ("llama", "gpt") for m in _cell_runs(model, seeds=(0, 1, 2))]
+    longer = [m for model in ("llama", "gpt") for m in _cell_runs(model, steps=200)]
+    text = shipped_verdict_text(RunIndex(three + longer), ["llama", "gpt"], SHIPPED)
+    assert "at 100 steps" in text and "(n=3)" in text and "(n=2)" not in text
+    longer += [m for model in ("llama", "gpt") for m in _cell_runs(model, steps=200, seeds=(2,))]
+    assert "at 200 steps" in shipped_verdict_text(RunIndex(three + longer), ["llama", "gpt"],
+                                                  SHIPPED)  # fmt: skip
