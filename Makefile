@@ -262,6 +262,17 @@ test-mcore-latest: $(MCORE_STAMP)
 # for CPython 3.12 into vendor/wheels/ (gitignored), where scripts/gpu_check.sh installs it
 # from (pip checks the hash again). ARCH=aarch64 for TACC Vista's Grace nodes.
 ARCH ?= x86_64
+# The non-repeating offline corpus (issue 52): debian_docs and 16 more Debian documentation
+# packages, whole (~77 MB of text; conf/data/debian_docs_large.yaml). Prepared with the
+# 1,024-entry BPE by document into ~31.0M train, ~1.36M validation and ~1.36M test tokens,
+# so the tiny study's 10,000 steps (10.2M tokens) read a third of an epoch. Needs apt-get,
+# dpkg-deb and a Debian mirror for the build (~2 min), then ~1 min to prepare.
+LARGE_CORPUS := data/debian_docs_large__bytebpe1k
+.PHONY: corpus-large
+corpus-large: $(STAMP)
+	@test -f data/raw/debian_docs_large.jsonl.gz || $(PY) -m data_prep.docs_corpus --set large --out data/raw/debian_docs_large.jsonl.gz
+	@test -f $(LARGE_CORPUS)/metadata.json || $(PY) -m pipelines.prepare data=debian_docs_large tokenizer=bytebpe1k
+
 # The GPU queue's corpus (scripts/gpu_quality.sh): English documentation from Debian's package
 # registry, large enough that its longest run stays under one epoch; carry
 # data/debian_docs__bytebpe1k with the tree (data_prep/docs_corpus.py).

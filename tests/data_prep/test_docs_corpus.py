@@ -184,3 +184,18 @@ def test_main_reports_error_and_exits_nonzero(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: apt-get download {dc.PACKAGES[0].name}") and "\n" not in err
     assert not out.exists()
+
+
+def test_the_large_set_keeps_the_base_and_adds_packages_each_once(monkeypatch, tmp_path) -> None:
+    base, large = dc.SETS["base"], dc.SETS["large"]
+    assert large[: len(base)] == base and len(large) > len(base)
+    names = [p.name for p in large]
+    assert len(names) == len(set(names))  # no package fetched (and deduplicated) twice
+    seen = {}
+    monkeypatch.setattr(dc, "build", lambda out, work, max_mb, apt, packages: seen.update(
+        max_mb=max_mb, packages=packages))  # fmt: skip
+    argv = ["--out", str(tmp_path / "c.jsonl.gz"), "--work-dir", str(tmp_path)]
+    assert dc.main([*argv, "--set", "large"]) == 0
+    assert seen["packages"] == large and seen["max_mb"] >= 1e6  # every document kept
+    assert dc.main(argv) == 0
+    assert seen["packages"] == base and seen["max_mb"] == dc.DEFAULT_MAX_MB
