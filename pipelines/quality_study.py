@@ -212,7 +212,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
         return choice.lr
 
     plan = [] if cfg.report_only or cfg.replay else plan_runs(cfg, chosen_lr)
-    trainer = StudyTrainer(code, cache_dir=cfg.cache_dir, checkpoint_s=cfg.checkpoint_seconds)
+    trainer = StudyTrainer(code, cache_dir=cfg.cache_dir, checkpoint_s=cfg.checkpoint_seconds,
+                           final_test=cfg.final_test)  # fmt: skip
 
     def finished(spec: RunSpec) -> dict[str, Any] | None:
         """The run's final record when this code version, or one a replay joined to it, has

@@ -215,6 +215,9 @@ class QualityStudyConfig:
     # resumes from its last one, bit for bit (quality_run.train_run)
     checkpoint_seconds: float = 300.0
     report: bool = True  # write summary, plots after the runs
+    # true: each run's final record also carries the whole test split's loss
+    # (final_test_loss): lr is still chosen on validation, gaps can be read on test
+    final_test: bool = False
     quick_scale: ScaleConfig = field(default_factory=ScaleConfig)
     quick_variants: list[str] = field(default_factory=list)
     quick_seeds: list[int] = field(default_factory=lambda: [0])

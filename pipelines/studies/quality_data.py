@@ -27,14 +27,19 @@ class StudyData:
     data: TrainingData
     vocab_size: int  # padded, as the model needs it
 
-    def validation_batches(self, max_sequences: int | None, batch_size: int) -> list[Batch]:
-        n = len(self.data.validation)
+    def validation_batches(self, max_sequences: int | None, batch_size: int,
+                           split: str = "validation") -> list[Batch]:  # fmt: skip
+        """The first ``max_sequences`` sequences (None: all) of ``split`` ("validation" or
+        "test"), in order, as batches of ``batch_size`` [batch, seq_length]."""
+        dataset = self.data.validation if split == "validation" else self.data.test
+        if dataset is None:
+            raise ValueError(f"{split}: this prepared dataset has no {split} split; prepare it "
+                             "with a non-zero split_ratios entry for it")  # fmt: skip
+        n = len(dataset)
         if max_sequences is not None:
             n = min(n, max_sequences)
-        return [
-            stack_samples(self.data.validation, range(i, min(i + batch_size, n)))
-            for i in range(0, n, batch_size)
-        ]
+        return [stack_samples(dataset, range(i, min(i + batch_size, n)))
+                for i in range(0, n, batch_size)]  # fmt: skip
 
 
 def load_study_data(

@@ -283,6 +283,7 @@ def train_run(
     out_dir: Path,
     code: dict[str, Any] | None = None,
     checkpoint_s: float = 300.0,
+    final_test_batches: list[Batch] | None = None,
 ) -> dict[str, Any]:
     """Train one run through the pretrain stage's loop and simulator engine, writing its
     JSONL; return the final record. ``code``: the
@@ -291,7 +292,8 @@ def train_run(
     ``val_batches`` (a fixed subset, cheap) give the curve every ``eval_interval`` steps;
     ``final_val_batches`` (the whole validation split) give the final validation loss.
     ``checkpoint_s``: wall seconds between checkpoints (0: at every logged step), from which
-    an interrupted run resumes.
+    an interrupted run resumes. ``final_test_batches`` (the whole test split, when given)
+    give ``final_test_loss`` too: a study that chooses lr on validation reports on test.
     """
     from pipelines.training.loop import run_loop
     from pipelines.training.simulator_engine import SimulatorEngine
@@ -383,6 +385,8 @@ def train_run(
             "seconds": round(before + time.perf_counter() - start, 2),
         }
         scape_cfg = spec.variant.scape_config()
+        if final_test_batches is not None:  # only then, so older runs replay unchanged
+            final["final_test_loss"] = validation_loss(model, final_test_batches)
         if scape_cfg is not None and scape_cfg.ramp_start_k:
             # a ramp's steps send unequal bytes and only every LOG_EVERY-th is logged: its
             # whole run's (only a ramp's record carries it, so older runs replay unchanged)

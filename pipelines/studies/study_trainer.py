@@ -24,10 +24,13 @@ class StudyTrainer:
     :func:`~pipelines.studies.protocol.code_version` the runs record; ``cache_dir``: Megatron's
     dataset index cache; ``checkpoint_s``: wall seconds between a run's checkpoints."""
 
-    def __init__(self, code: dict[str, Any], *, cache_dir: str | Path, checkpoint_s: float) -> None:
+    def __init__(self, code: dict[str, Any], *, cache_dir: str | Path, checkpoint_s: float,
+                 final_test: bool = False) -> None:  # fmt: skip
         self.code, self.cache_dir, self.checkpoint_s = code, cache_dir, checkpoint_s
+        self.final_test = final_test  # each run's final record carries the test split's loss
         self._data: dict[tuple, Any] = {}
         self._validation: dict[tuple, tuple[list, list]] = {}
+        self._test: dict[tuple, list] = {}
 
     def data(self, spec: RunSpec) -> Any:
         """The run's :class:`~pipelines.studies.quality_data.StudyData`."""
@@ -53,8 +56,18 @@ class StudyTrainer:
                                      data.validation_batches(None, batch_size=64))  # fmt: skip
         return self._validation[key]
 
+    def test(self, spec: RunSpec) -> list | None:
+        """The whole test split's batches when ``final_test``, else None."""
+        if not self.final_test:
+            return None
+        key = (spec.data_dir, spec.scale.seq_length)
+        if key not in self._test:
+            self._test[key] = self.data(spec).validation_batches(None, 64, split="test")
+        return self._test[key]
+
     def __call__(self, spec: RunSpec, into: Path) -> dict[str, Any]:
         from pipelines.studies.quality_run import train_run
 
         return train_run(spec, self.data(spec), *self.validation(spec), into, self.code,
-                         checkpoint_s=self.checkpoint_s)  # fmt: skip
+                         checkpoint_s=self.checkpoint_s,
+                         final_test_batches=self.test(spec))  # fmt: skip

@@ -35,6 +35,7 @@ class TrainingData:
     validation: object  # megatron GPTDataset over the validation split
     world_size: int
     batch_per_rank: int  # sequences per rank per step (all its micro-batches)
+    test: object | None = None  # megatron GPTDataset over the test split (None: empty)
 
     def rank_batch(self, step: int, rank: int) -> Batch:
         first = (step * self.world_size + rank) * self.batch_per_rank
@@ -92,11 +93,12 @@ def load_training_data(
         path_to_cache=str(Path(cache_dir)),
     )
     sizes = [steps * world_size * batch_per_rank, None, None]  # None: one epoch
-    train, validation, _test = BlendedMegatronDatasetBuilder(
+    train, validation, test = BlendedMegatronDatasetBuilder(
         GPTDataset, sizes, lambda: True, config
     ).build()
     if train is None or validation is None or len(validation) == 0:
         raise ValueError(
             f"{data_dir}: the train or validation split is empty at seq_length {seq_length}"
         )
-    return TrainingData(train, validation, world_size, batch_per_rank)
+    return TrainingData(train, validation, world_size, batch_per_rank,
+                        test if test is not None and len(test) else None)  # fmt: skip

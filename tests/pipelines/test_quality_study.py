@@ -113,7 +113,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
     prepared_small: Path, tmp_path: Path
 ):
     out = tmp_path / "out"
-    _quick(prepared_small, out)
+    _quick(prepared_small, out, "final_test=true")
     (runs,) = (out / "runs").iterdir()  # one folder: this code version's runs
     names = sorted(p.name for p in runs.iterdir())
     assert names == [f"llama__{v}__s0__t12.jsonl" for v in ("adams", "r0ef_99")]
@@ -132,6 +132,8 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
         assert all(key in s for s in steps), key
     assert steps[-1]["tokens"] == 12 * 4 * 2 * 32
     assert abs(final["final_val_loss"] - steps[-1]["val_loss"]) < 0.5 and not final["diverged"]
+    # final_test=true: the whole test split's loss too, another split's
+    assert 0 < final["final_test_loss"] < 10 and final["final_test_loss"] != final["final_val_loss"]
     assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
     dense = _records(runs / "llama__adams__s0__t12.jsonl")
     assert dense[-2]["bytes"] > 50 * steps[-1]["bytes"]  # 99% sparse sends far less
@@ -145,7 +147,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
     cut = "".join(done.read_text().splitlines(keepends=True)[:5])
     done.unlink()
     (runs / "llama__r0ef_99__s0__t12.jsonl.partial").write_text(cut)
-    _quick(prepared_small, out)
+    _quick(prepared_small, out, "final_test=true")
     assert (runs / "llama__adams__s0__t12.jsonl").read_text() == kept
     assert not list(runs.glob("*.partial"))
     again = _records(runs / "llama__r0ef_99__s0__t12.jsonl")
@@ -167,7 +169,7 @@ def test_quick_study_end_to_end_then_resumes_deterministically(
             (out / "runs" / fake / path.name).write_text(
                 "".join(json.dumps(r) + "\n" for r in recs)
             )
-    log = _quick(prepared_small, out, "replay=true").stdout
+    log = _quick(prepared_small, out, "replay=true", "final_test=true").stdout
     assert f"`{runs.name}` computes what `cafe00000000` did (2 runs, same bits)" in log
     assert f"`feedbeef0000` is joined to `{runs.name}` through another replay" in log
     assert f"`{runs.name}` does NOT compute what `badbadbad000` did (1 of 2 runs differ)" in log

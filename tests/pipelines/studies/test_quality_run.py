@@ -137,3 +137,13 @@ def test_every_variant_resumes_from_a_checkpoint_bit_for_bit(compose_study, tmp_
         for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
             assert torch.equal(a, b), name
     assert len(seen) >= 8  # dense x2, SCAPE x2, four reading simulators
+
+
+def test_a_missing_test_split_is_named_with_its_fix() -> None:
+    from pipelines.studies.quality_data import StudyData
+    from pipelines.training.data import TrainingData
+
+    data = StudyData(TrainingData(train=None, validation=[], world_size=1, batch_per_rank=1), 8)
+    assert data.validation_batches(None, 4) == []  # an empty validation split: no batches
+    with pytest.raises(ValueError, match="no test split; prepare it with a non-zero"):
+        data.validation_batches(None, 4, split="test")
