@@ -273,6 +273,18 @@ corpus-large: $(STAMP)
 	@test -f data/raw/debian_docs_large.jsonl.gz || $(PY) -m data_prep.docs_corpus --set large --out data/raw/debian_docs_large.jsonl.gz
 	@test -f $(LARGE_CORPUS)/metadata.json || $(PY) -m pipelines.prepare data=debian_docs_large tokenizer=bytebpe1k
 
+# What ships, and the early-gap candidates (issue 52), on that corpus: dense AdamS and AdamW
+# with closed lr grids, each SCAPE arm at its multiplier x dense AdamS's chosen lr, 3 seeds,
+# lr chosen on validation and every gap read on test (pipelines/studies/early_gap.py).
+# EARLY_STEPS=400 is ~75 runs of ~75 s on 2 cores (~50 min); resumes. Writes results/early_gap/.
+EARLY_STEPS ?= 400
+.PHONY: early-gap early-gap-report
+early-gap: corpus-large
+	$(PY) -m pipelines.studies.early_gap --steps $(EARLY_STEPS) $(ARGS)
+early-gap-report: $(STAMP)
+	$(PY) -m pipelines.studies.run_store results/early_gap/runs
+	$(PY) -m pipelines.studies.early_gap --report-only
+
 # The GPU queue's corpus (scripts/gpu_quality.sh): English documentation from Debian's package
 # registry, large enough that its longest run stays under one epoch; carry
 # data/debian_docs__bytebpe1k with the tree (data_prep/docs_corpus.py).

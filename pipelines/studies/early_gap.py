@@ -1,0 +1,388 @@
+"""`make early-gap`: what ships, and the early-gap candidates, on data no run repeats
+(issue 52, items 1, 2 and 4), every gap read on the test split.
+
+Protocol. The quality study's small scale (W=4 simulated workers, 1,024 tokens a step) on
+``debian_docs_large`` with the 1,024-entry BPE (31M train tokens: 400 steps read 1.3% of an
+epoch, 3,000 steps 10%), seeds 0-2, one code version. Dense AdamS and dense AdamW each get
+an lr grid (x0.5, x1, x2 of the study's base lr) closed on every seed, each choosing the lr
+of lowest mean final *validation* loss. Every SCAPE arm runs at its multiplier x dense
+AdamS's chosen lr, what a user who set dense AdamS's lr gets from the config; no SCAPE lr is
+chosen here. Gaps: final *test* loss (the whole test split, 1.36M tokens), paired by seed,
+against dense AdamW and dense AdamS. Bytes: the run's own over a constant run's at its final
+sparsity (the one dense first step at dense AdamS's logged bytes, the rest at the arm's last
+logged step's). The goal (issue 52): SCAPE-90 within +1% and SCAPE-99 within +3% of dense
+AdamW, at most x1.5 a constant run's bytes.
+
+Runs go through ``python -m pipelines.quality_study`` (one process per model at a time) into
+``<out>/runs/<code version>/`` and resume; ``--report-only`` rewrites ``<out>/README.md``'s
+table, ``<out>/early_gap.json`` and ``<out>/early_gap_<steps>.png`` from the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.studies.protocol import code_version
+from pipelines.studies.report_shipped import Target, steps_to_target
+from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey, RunLog
+
+__all__ = ["CANDIDATES", "GOAL", "Arm", "Candidate", "arm_result", "main", "report"]
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = "data/debian_docs_large__bytebpe1k"
+ADAMW = "adamw"
+DENSE_GRID = (0.5, 1.0, 2.0)
+GOAL = {"90%": 1.0, "99%": 3.0}  # % over dense AdamW's test loss (issue 52, item 4)
+MAX_BYTES = 1.5  # x a constant run's
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    variant: str  # the quality study's variant (conf/quality_study.yaml)
+    multiplier: float  # x dense AdamS's chosen lr
+    sparsity: str  # "90%" or "99%": which goal applies
+    what: str
+    shipped: bool = False
+
+
+CANDIDATES = (
+    Candidate("scape90", "scape90", 1.0, "90%", "SCAPE-90 as shipped (x1)", shipped=True),
+    Candidate("scape90_x2", "scape90", 2.0, "90%", "SCAPE-90 at x2"),
+    Candidate("scape90_x4", "scape90", 4.0, "90%", "SCAPE-90 at x4"),
+    Candidate(
+        "scape90_ramp",
+        "scape90_ramp",
+        1.0,
+        "90%",
+        "SCAPE-90 with a density ramp 50% -> 90% over the first 15% (x1)",
+    ),  # fmt: skip
+    Candidate(
+        "scape99",
+        "scape99_ramp",
+        2.0,
+        "99%",
+        "SCAPE-99 as shipped (ramp 90% -> 99% over 15%, x2)",
+        shipped=True,
+    ),  # fmt: skip
+    Candidate("scape99_x4", "scape99_ramp", 4.0, "99%", "SCAPE-99 (shipped ramp) at x4"),
+)
+
+
+@dataclass
+class Arm:
+    """One candidate in one (model, horizon) cell."""
+
+    candidate: Candidate
+    model: str
+    steps: int
+    lr: float | None  # multiplier x dense AdamS's chosen lr (None: AdamS's grid not closed)
+    to_adamw: list[float]  # paired % test-loss gaps, one per seed
+    to_adams: list[float]
+    test_loss: list[float]
+    bytes_ratio: float | None
+    target: Target | None = None  # steps to dense AdamW's loss, as a ratio to the horizon
+
+    def meets_goal(self) -> bool | None:
+        """Within the goal on the mean over seeds and the byte budget (None: not run)."""
+        if not self.to_adamw:
+            return None
+        ok = statistics.fmean(self.to_adamw) <= GOAL[self.candidate.sparsity]
+        return ok and (self.bytes_ratio or 1.0) <= MAX_BYTES
+
+
+def _test_loss(run: RunLog | None) -> float | None:
+    if run is None:
+        return None
+    if run.final.get("diverged"):
+        return math.inf
+    loss = run.final.get("final_test_loss")
+    return None if loss is None else float(loss)
+
+
+def _paired(index: RunIndex, model: str, variant: str, steps: int, lr: float,
+            reference: str, ref_lr: float) -> list[float]:  # fmt: skip
+    gaps = []
+    for seed in index.seeds(model, variant, steps, lr):
+        mine = _test_loss(index.runs.get(RunKey(model, variant, steps, lr, seed)))
+        ref = _test_loss(index.runs.get(RunKey(model, reference, steps, ref_lr, seed)))
+        if mine is not None and ref is not None and math.isfinite(ref):
+            gaps.append(100.0 * (mine - ref) / ref)
+    return gaps
+
+
+def _bytes_ratio(index: RunIndex, model: str, variant: str, steps: int, lr: float) -> float | None:
+    """The run's whole bytes over a constant run's at its final sparsity (module docstring)."""
+    run = next((index.runs[RunKey(model, variant, steps, lr, s)]
+                for s in index.seeds(model, variant, steps, lr)), None)  # fmt: skip
+    adams = index.best_lr(model, REFERENCE, steps)
+    dense = next((r for k, r in index.runs.items()
+                  if (k.model, k.variant, k.steps, k.lr_scale) == (model, REFERENCE, steps, adams)),
+                 None)  # fmt: skip
+    if run is None or dense is None:
+        return None
+    logged = [s["bytes"] for s in run.steps if "bytes" in s]
+    dense_bytes = next((s["bytes"] for s in dense.steps if "bytes" in s), None)
+    if not logged or dense_bytes is None:
+        return None
+    constant = dense_bytes + (steps - 1) * logged[-1]
+    return run.final.get("run_bytes", constant) / constant
+
+
+def arm_result(index: RunIndex, candidate: Candidate, model: str, steps: int) -> Arm:
+    adams = index.lr_choice(model, REFERENCE, steps)
+    adamw = index.lr_choice(model, ADAMW, steps)
+    lr = None if adams is None or not adams.closed else candidate.multiplier * adams.lr
+    arm = Arm(candidate, model, steps, lr, [], [], [], None)
+    if lr is None:
+        return arm
+    arm.to_adams = _paired(index, model, candidate.variant, steps, lr, REFERENCE, adams.lr)
+    if adamw is not None and adamw.closed:
+        arm.to_adamw = _paired(index, model, candidate.variant, steps, lr, ADAMW, adamw.lr)
+    arm.test_loss = [x for s in index.seeds(model, candidate.variant, steps, lr)
+                     if (x := _test_loss(index.runs[RunKey(model, candidate.variant, steps, lr, s)]))
+                     is not None]  # fmt: skip
+    arm.bytes_ratio = _bytes_ratio(index, model, candidate.variant, steps, lr)
+    if adamw is not None:  # read off the periodic validation curve (report_shipped)
+        arm.target = steps_to_target(index, model, candidate.variant, {steps: lr}, steps, ADAMW,
+                                     adamw.lr)  # fmt: skip
+    return arm
+
+
+def _fmt(gaps: list[float]) -> str:
+    if not gaps:
+        return "-"
+    if len(gaps) == 1:
+        return f"{gaps[0]:+.1f}%"
+    return f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}% (n={len(gaps)})"
+
+
+def _dense_row(index: RunIndex, model: str, steps: int, variant: str, label: str) -> str:
+    choice = index.lr_choice(model, variant, steps)
+    if choice is None:
+        return f"| {steps:,} | {model} | {label} | - | - | - | - | - | - | - |"
+    losses = [x for s in index.seeds(model, variant, steps, choice.lr)
+              if (x := _test_loss(index.runs[RunKey(model, variant, steps, choice.lr, s)]))
+              is not None]  # fmt: skip
+    loss = f"{statistics.fmean(losses):.3f}" if losses else "-"
+    grid = "" if choice.closed else ", grid open"
+    to_adamw = "-"
+    adamw = index.lr_choice(model, ADAMW, steps)
+    if variant != ADAMW and adamw is not None:  # the dense pair's own gap: SCAPE's context
+        to_adamw = _fmt(_paired(index, model, variant, steps, choice.lr, ADAMW, adamw.lr))
+    return (f"| {steps:,} | {model} | {label} (lr x{choice.lr:g} of the base, chosen on "
+            f"validation{grid}) | - | {loss} | {to_adamw} | - | - | - | - |")  # fmt: skip
+
+
+def table(index: RunIndex, models: list[str], horizons: list[int]) -> str:
+    rows = ["| steps | model | arm | lr x AdamS's | test loss | gap to AdamW | gap to AdamS | "
+            "steps to AdamW's loss | bytes x constant | goal |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for steps in horizons:
+        for model in models:
+            rows.append(_dense_row(index, model, steps, ADAMW, "dense AdamW"))
+            rows.append(_dense_row(index, model, steps, REFERENCE, "dense AdamS"))
+            for c in CANDIDATES:
+                a = arm_result(index, c, model, steps)
+                loss = f"{statistics.fmean(a.test_loss):.3f}" if a.test_loss else "not run"
+                goal = {None: "-", True: "met", False: "missed"}[a.meets_goal()]
+                ratio = "-" if a.bytes_ratio is None else f"x{a.bytes_ratio:.2f}"
+                rows.append(f"| {steps:,} | {model} | {c.what} | x{c.multiplier:g} | {loss} | "
+                            f"{_fmt(a.to_adamw)} | {_fmt(a.to_adams)} | "
+                            f"{'-' if a.target is None else a.target.text(steps)} | {ratio} | {goal} "
+                            f"(+{GOAL[c.sparsity]:g}%) |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def summary_text(index: RunIndex, models: list[str], steps: int) -> str:
+    """One sentence per sparsity at ``steps``: the shipped arm's test gaps to dense AdamW,
+    and which candidates meet the goal on every model."""
+    out = []
+    for sparsity, goal in GOAL.items():
+        arms = [c for c in CANDIDATES if c.sparsity == sparsity]
+        shipped = next(c for c in arms if c.shipped)
+        gaps = "; ".join(f"{_fmt(arm_result(index, shipped, m, steps).to_adamw)} on {m}"
+                         for m in models)  # fmt: skip
+        results = {c.name: [arm_result(index, c, m, steps).meets_goal() for m in models]
+                   for c in arms}  # fmt: skip
+        if any(None in r for r in results.values()):
+            verdict = "some candidates have not run on every model yet"
+        else:
+            winners = [c.what for c in arms if all(results[c.name])]
+            verdict = ("meeting the goal on every model: " + ", ".join(winners) if winners
+                       else "no candidate meets the goal on every model")  # fmt: skip
+        out.append(f"At {steps:,} steps {shipped.what} ends {gaps} against dense AdamW "
+                   f"(goal: within +{goal:g}%); {verdict}.")  # fmt: skip
+    return " ".join(out)
+
+
+def _horizons(index: RunIndex) -> list[int]:
+    return sorted({k.steps for k in index.runs})
+
+
+def _models(index: RunIndex) -> list[str]:
+    return sorted({k.model for k in index.runs}, key=lambda m: (m != "llama", m))
+
+
+def plot(index: RunIndex, models: list[str], steps: int, path: Path) -> None:
+    """Each arm's paired test-loss gap to dense AdamW (mean, and each seed), the goals drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, model in zip(axes[0], models, strict=True):
+        for i, c in enumerate(CANDIDATES):
+            a = arm_result(index, c, model, steps)
+            if not a.to_adamw:
+                continue
+            color = "tab:blue" if c.sparsity == "90%" else "tab:red"
+            ax.barh(i, statistics.fmean(a.to_adamw), color=color, alpha=0.9 if c.shipped else 0.45)
+            ax.plot(a.to_adamw, [i] * len(a.to_adamw), "k.", ms=4)
+        for sparsity, goal in GOAL.items():
+            ax.axvline(goal, ls="--", lw=1, color="tab:blue" if sparsity == "90%" else "tab:red")
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(CANDIDATES)), [c.what for c in CANDIDATES], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{model}, {steps:,} steps (test split)")
+        ax.set_xlabel("final test loss over dense AdamW's, % (dashed: goal)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _arm_json(a: Arm) -> dict:
+    return {"what": a.candidate.what, "variant": a.candidate.variant,
+            "multiplier": a.candidate.multiplier, "shipped": a.candidate.shipped, "lr": a.lr,
+            "to_adamw": a.to_adamw, "to_adams": a.to_adams, "test_loss": a.test_loss,
+            "bytes_ratio": a.bytes_ratio, "meets_goal": a.meets_goal(),
+            "steps_to_adamw": None if a.target is None else a.target.ratio}  # fmt: skip
+
+
+BEGIN, END = "<!-- early-gap:begin -->", "<!-- early-gap:end -->"
+
+
+def report(out: Path, code: str | None = None) -> str:
+    """Rewrite the generated block of ``out``/README.md, early_gap.json and the plots."""
+    index = RunIndex.load(out, code)
+    models, horizons = _models(index), _horizons(index)
+    block = ("\n\n".join(summary_text(index, models, steps) for steps in horizons)
+             + f"\n\n{table(index, models, horizons)}\n\nRuns of code version `{index.code}`; "
+             "goal: the mean paired gap to dense AdamW within it and at most "
+             f"x{MAX_BYTES:g} a constant run's bytes.")  # fmt: skip
+    readme = out / "README.md"
+    out.mkdir(parents=True, exist_ok=True)
+    text = readme.read_text(encoding="utf-8") if readme.exists() else f"{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    readme.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
+    results = {
+        str(steps): {model: {c.name: _arm_json(arm_result(index, c, model, steps))
+                             for c in CANDIDATES} for model in models}
+        for steps in horizons
+    }  # fmt: skip
+    (out / "early_gap.json").write_text(json.dumps(results, indent=1) + "\n")
+    for steps in horizons:
+        plot(index, models, steps, out / f"early_gap_{steps}.png")
+    return block
+
+
+def _study(model: str, steps: int, seeds: list[int], out: Path, data: str,
+           variants: list[str], lrs: list[float], close_grids: int) -> None:  # fmt: skip
+    """One ``pipelines.quality_study`` process (one core), waited for."""
+    lr_text = ",".join(f"{x:g}" for x in lrs)
+    cmd = [sys.executable, "-m", "pipelines.quality_study", f"data_dir={data}",
+           f"out_dir={out}", "report=false", "final_test=true", f"scale.steps={steps}",
+           f"only_models=[{model}]", f"only_variants=[{','.join(variants)}]",
+           f"seeds=[{','.join(map(str, seeds))}]", f"lr_scales=[{lr_text}]",
+           f"close_grids={close_grids}"]  # fmt: skip
+    print(f"{model}: {' '.join(variants)} at lr {lr_text}, {steps:,} steps", flush=True)
+    code = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
+    if code:
+        raise SystemExit(f"{model}: the study process failed (exit {code}); rerun to resume")
+
+
+def _each_model(models: list[str], work: Callable[[str], None]) -> None:
+    """``work(model)`` for every model at once (one process each: 2 cores, 2 models)."""
+    with ThreadPoolExecutor(len(models)) as pool:
+        list(pool.map(work, models))
+
+
+def dense_grid(index: RunIndex, model: str, variant: str, steps: int) -> list[float]:
+    """x0.5, x1 and x2 of the lr chosen at the longest shorter horizon with a closed grid (the
+    grid then closes in fewer rounds); :data:`DENSE_GRID` where there is none."""
+    shorter = sorted({k.steps for k in index.runs if k.steps < steps}, reverse=True)
+    for h in shorter:
+        choice = index.lr_choice(model, variant, h)
+        if choice is not None and choice.closed:
+            return [choice.lr / 2, choice.lr, choice.lr * 2]
+    return list(DENSE_GRID)
+
+
+def run(steps: int, seeds: list[int], out: Path, data: str, models: list[str],
+        arms: list[str] | None = None) -> None:  # fmt: skip
+    """The dense grids, then every candidate (those named in ``arms``; None: all) at its
+    multiplier x dense AdamS's chosen lr."""
+    if not (REPO / data / "metadata.json").exists():
+        raise SystemExit(f"{data}: not prepared; run `make corpus-large` first")
+    code = str(code_version(REPO)["step_code"])
+    unknown = sorted(set(arms or ()) - {c.name for c in CANDIDATES})
+    if unknown:
+        raise SystemExit(f"--arms {' '.join(unknown)}: not a candidate; use any of "
+                         + " ".join(c.name for c in CANDIDATES))  # fmt: skip
+    before = RunIndex.load(out, code)
+
+    def dense(model: str) -> None:
+        for variant in (REFERENCE, ADAMW):
+            grid = dense_grid(before, model, variant, steps)
+            _study(model, steps, seeds, out, data, [variant], grid, 4)
+
+    _each_model(models, dense)
+    index = RunIndex.load(out, code)
+
+    def candidates(model: str) -> None:
+        choice = index.lr_choice(model, REFERENCE, steps)
+        if choice is None or not choice.closed:
+            raise SystemExit(f"{model}: dense AdamS's lr grid at {steps} steps is not closed")
+        lrs: dict[str, list[float]] = {}
+        for c in CANDIDATES:
+            if arms is None or c.name in arms:
+                lrs.setdefault(c.variant, []).append(c.multiplier * choice.lr)
+        for variant, at in lrs.items():
+            _study(model, steps, seeds, out, data, [variant], at, 0)
+
+    _each_model(models, candidates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--models", nargs="+", default=["llama", "gpt"])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "early_gap")
+    parser.add_argument("--data", default=DATA)
+    parser.add_argument("--arms", nargs="+", default=None,
+                        help="candidates to run (default: all): "
+                        + " ".join(c.name for c in CANDIDATES))  # fmt: skip
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.report_only:
+        run(args.steps, args.seeds, args.out, args.data, args.models, args.arms)
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""The early-gap study's reading (pipelines/studies/early_gap.py): lr chosen on validation,
+every gap read on test, SCAPE at its multiplier x dense AdamS's choice, the byte budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.studies.early_gap import CANDIDATES, arm_result, report
+from pipelines.studies.run_index import RunIndex, RunLog
+
+BY_NAME = {c.name: c for c in CANDIDATES}
+
+
+def _run(model, variant, lr, seed, val, test, *, steps=100, run_bytes=None, bytes_=10.0):
+    header = {"model": model, "variant": variant, "seed": seed, "steps": steps, "lr_scale": lr,
+              "params": 1000, "code": {"commit": "c", "dirty": False, "step_code": "v"}}  # fmt: skip
+    curve = [{"step": s, "loss": 0.0, "bytes": 1000.0 if variant in ("adams", "adamw") else bytes_,
+              "val_loss": 6.0 + (val - 6.0) * s / steps} for s in range(10, steps + 1, 10)]  # fmt: skip
+    final = {"event": "final", "final_val_loss": val, "final_test_loss": test, "diverged": False}
+    if run_bytes is not None:
+        final["run_bytes"] = run_bytes
+    return RunLog(header, curve, final)
+
+
+def _runs(scape_test=4.03, ramp_bytes=None):
+    runs = []
+    for seed in (0, 1, 2):
+        # AdamS: x1 best on validation (closed), though x2 would be best on test
+        for lr, val, test in ((0.5, 4.3, 4.3), (1.0, 4.0, 4.1), (2.0, 4.1, 4.0)):
+            runs.append(_run("llama", "adams", lr, seed, val, test))
+        for lr, val, test in ((0.5, 4.1, 4.1), (1.0, 3.9, 4.0), (2.0, 4.2, 4.2)):
+            runs.append(_run("llama", "adamw", lr, seed, val, test))
+        runs.append(_run("llama", "scape90", 1.0, seed, 4.0, scape_test))
+        runs.append(_run("llama", "scape99_ramp", 2.0, seed, 4.1, 4.2, run_bytes=ramp_bytes))
+    return runs
+
+
+def test_an_arm_runs_at_its_multiplier_of_adams_validation_choice_and_gaps_read_on_test():
+    index = RunIndex(_runs())
+    arm = arm_result(index, BY_NAME["scape90"], "llama", 100)
+    assert arm.lr == 1.0  # x1 AdamS's validation choice (x2 is best on test: not taken)
+    assert arm.to_adamw == pytest.approx([0.75] * 3)  # 4.03 against AdamW's x1 test loss 4.0
+    assert arm.to_adams == pytest.approx([100 * (4.03 - 4.1) / 4.1] * 3)
+    assert arm.bytes_ratio == pytest.approx(1.0) and arm.meets_goal()  # +0.75%: within +1%
+    assert not arm_result(RunIndex(_runs(scape_test=4.05)), BY_NAME["scape90"], "llama",
+                          100).meets_goal()  # fmt: skip
+    # SCAPE-99 ships x2: 4.2 over 4.0 is +5%, outside +3%
+    arm99 = arm_result(index, BY_NAME["scape99"], "llama", 100)
+    assert arm99.lr == 2.0 and arm99.to_adamw == pytest.approx([5.0] * 3)
+    assert arm99.meets_goal() is False
+    assert arm_result(index, BY_NAME["scape90_x4"], "llama", 100).meets_goal() is None  # not run
+
+
+def test_a_ramp_counts_its_whole_runs_bytes_against_a_constant_runs():
+    # constant: the dense first step (1,000) and 99 sparse steps at the last logged 10 bytes
+    index = RunIndex(_runs(ramp_bytes=1.6 * (1000 + 99 * 10)))
+    assert arm_result(index, BY_NAME["scape99"], "llama", 100).bytes_ratio == pytest.approx(1.6)
+
+
+def test_the_report_writes_its_block_json_and_plot(tmp_path, monkeypatch):
+    import json
+
+    index = RunIndex(_runs())
+    monkeypatch.setattr(RunIndex, "load", classmethod(lambda cls, out, code=None: index))
+    (tmp_path / "README.md").write_text("# head\n<!-- early-gap:begin -->\nold\n"
+                                        "<!-- early-gap:end -->\ntail\n")  # fmt: skip
+    block = report(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("# head\n") and text.endswith("tail\n") and "old" not in text
+    assert "| 100 | llama | SCAPE-90 as shipped (x1) | x1 | 4.030 | +0.8 ± 0.0% (n=3) |" in block
+    assert "At 100 steps SCAPE-90 as shipped (x1) ends +0.8 ± 0.0% (n=3) on llama" in block
+    assert "some candidates have not run on every model yet" in block  # x2, x4, the ramp
+    saved = json.loads((tmp_path / "early_gap.json").read_text())
+    assert saved["100"]["llama"]["scape90"]["meets_goal"] is True
+    assert (tmp_path / "early_gap_100.png").stat().st_size > 0
+
+
+def test_a_longer_horizons_dense_grid_centres_on_the_shorter_ones_choice():
+    from pipelines.studies.early_gap import DENSE_GRID, dense_grid
+
+    index = RunIndex(_runs())  # 100 steps: AdamS x1, AdamW x1, both closed
+    assert dense_grid(index, "llama", "adams", 400) == [0.5, 1.0, 2.0]
+    assert dense_grid(index, "llama", "adams", 100) == list(DENSE_GRID)  # none shorter
+    shifted = [r for r in _runs() if not (r.header["variant"] == "adams"
+                                          and r.header["lr_scale"] == 0.5)]  # fmt: skip
+    # x0.5 gone: AdamS's choice x1 sits at the grid's edge (open): the default grid
+    assert dense_grid(RunIndex(shifted), "llama", "adams", 400) == list(DENSE_GRID)
+
+
+def test_an_unknown_arm_is_named_with_the_choices(tmp_path):
+    from pipelines.studies.early_gap import run
+
+    data = tmp_path / "prepared"
+    data.mkdir()
+    (data / "metadata.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--arms scape95: not a candidate; use any of scape90"):
+        run(400, [0], tmp_path / "out", str(data), ["llama"], ["scape95"])
