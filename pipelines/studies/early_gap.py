@@ -60,13 +60,24 @@ CANDIDATES = (
     Candidate("scape90", "scape90", 1.0, "90%", "SCAPE-90 as shipped (x1)", shipped=True),
     Candidate("scape90_x2", "scape90", 2.0, "90%", "SCAPE-90 at x2"),
     Candidate("scape90_x4", "scape90", 4.0, "90%", "SCAPE-90 at x4"),
+    Candidate("scape90_x8", "scape90", 8.0, "90%", "SCAPE-90 at x8"),
     Candidate(
         "scape90_ramp",
         "scape90_ramp",
         1.0,
         "90%",
         "SCAPE-90 with a density ramp 50% -> 90% over the first 15% (x1)",
-    ),  # fmt: skip
+    ),
+    Candidate(
+        "scape90_w20",
+        "scape90_w20",
+        1.0,
+        "90%",
+        "SCAPE-90 with 20 dense steps (the lr warm-up) first (x1)",
+    ),
+    Candidate(
+        "scape90_w20_x4", "scape90_w20", 4.0, "90%", "SCAPE-90 with 20 dense steps first, at x4"
+    ),
     Candidate(
         "scape99",
         "scape99_ramp",
@@ -74,8 +85,9 @@ CANDIDATES = (
         "99%",
         "SCAPE-99 as shipped (ramp 90% -> 99% over 15%, x2)",
         shipped=True,
-    ),  # fmt: skip
+    ),
     Candidate("scape99_x4", "scape99_ramp", 4.0, "99%", "SCAPE-99 (shipped ramp) at x4"),
+    Candidate("scape99_x8", "scape99_ramp", 8.0, "99%", "SCAPE-99 (shipped ramp) at x8"),
 )
 
 
@@ -136,7 +148,11 @@ def _bytes_ratio(index: RunIndex, model: str, variant: str, steps: int, lr: floa
     if not logged or dense_bytes is None:
         return None
     constant = dense_bytes + (steps - 1) * logged[-1]
-    return run.final.get("run_bytes", constant) / constant
+    # a ramp's run records its whole run's bytes; a dense warm-up's are counted from its steps
+    options = ((run.header.get("settings") or {}).get("variant") or {}).get("options") or {}
+    warm = int(options.get("dense_warmup_steps", 1))
+    spent = run.final.get("run_bytes", warm * dense_bytes + (steps - warm) * logged[-1])
+    return spent / constant
 
 
 def arm_result(index: RunIndex, candidate: Candidate, model: str, steps: int) -> Arm:
@@ -254,10 +270,17 @@ def plot(index: RunIndex, models: list[str], steps: int, path: Path) -> None:
         for sparsity, goal in GOAL.items():
             ax.axvline(goal, ls="--", lw=1, color="tab:blue" if sparsity == "90%" else "tab:red")
         ax.axvline(0, color="k", lw=0.8)
+        adams, adamw = (index.lr_choice(model, v, steps) for v in (REFERENCE, ADAMW))
+        if adams is not None and adamw is not None:  # where dense AdamS itself ends
+            dense = _paired(index, model, REFERENCE, steps, adams.lr, ADAMW, adamw.lr)
+            if dense:
+                ax.axvline(statistics.fmean(dense), color="grey", ls=":", lw=1.5,
+                           label="dense AdamS")  # fmt: skip
+                ax.legend(loc="lower right", fontsize=7)
         ax.set_yticks(range(len(CANDIDATES)), [c.what for c in CANDIDATES], fontsize=7)
-        ax.invert_yaxis()
         ax.set_title(f"{model}, {steps:,} steps (test split)")
-        ax.set_xlabel("final test loss over dense AdamW's, % (dashed: goal)")
+        ax.set_xlabel("test loss over dense AdamW's, % (dashed: goal)")
+    axes[0][0].invert_yaxis()  # the shipped arms on top (once: the y axis is shared)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -274,14 +297,27 @@ def _arm_json(a: Arm) -> dict:
 BEGIN, END = "<!-- early-gap:begin -->", "<!-- early-gap:end -->"
 
 
-def report(out: Path, code: str | None = None) -> str:
+def corpus_text(data: str) -> str:
+    """The corpus and its splits' sizes, from the prepared data's metadata.json ("" when it
+    is not prepared here)."""
+    path = REPO / data / "metadata.json"
+    if not path.exists():
+        return ""
+    splits = json.loads(path.read_text())["splits"]
+    sizes = ", ".join(f"{name} {s['tokens']:,} tokens ({s['documents']:,} documents)"
+                      for name, s in splits.items())  # fmt: skip
+    return f"Corpus `{path.parent.name}`: {sizes}."
+
+
+def report(out: Path, code: str | None = None, data: str = DATA) -> str:
     """Rewrite the generated block of ``out``/README.md, early_gap.json and the plots."""
     index = RunIndex.load(out, code)
     models, horizons = _models(index), _horizons(index)
     block = ("\n\n".join(summary_text(index, models, steps) for steps in horizons)
              + f"\n\n{table(index, models, horizons)}\n\nRuns of code version `{index.code}`; "
              "goal: the mean paired gap to dense AdamW within it and at most "
-             f"x{MAX_BYTES:g} a constant run's bytes.")  # fmt: skip
+             f"x{MAX_BYTES:g} a constant run's bytes. "
+             + corpus_text(data))  # fmt: skip
     readme = out / "README.md"
     out.mkdir(parents=True, exist_ok=True)
     text = readme.read_text(encoding="utf-8") if readme.exists() else f"{BEGIN}\n{END}\n"
@@ -306,8 +342,9 @@ def _study(model: str, steps: int, seeds: list[int], out: Path, data: str,
     cmd = [sys.executable, "-m", "pipelines.quality_study", f"data_dir={data}",
            f"out_dir={out}", "report=false", "final_test=true", f"scale.steps={steps}",
            f"only_models=[{model}]", f"only_variants=[{','.join(variants)}]",
-           f"seeds=[{','.join(map(str, seeds))}]", f"lr_scales=[{lr_text}]",
-           f"close_grids={close_grids}"]  # fmt: skip
+           # every seed for every arm (a variant not marked core runs the ablation seeds)
+           f"seeds=[{','.join(map(str, seeds))}]", f"ablation_seeds=[{','.join(map(str, seeds))}]",
+           f"lr_scales=[{lr_text}]", f"close_grids={close_grids}"]  # fmt: skip
     print(f"{model}: {' '.join(variants)} at lr {lr_text}, {steps:,} steps", flush=True)
     code = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
     if code:
@@ -380,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.report_only:
         run(args.steps, args.seeds, args.out, args.data, args.models, args.arms)
-    print(report(args.out))
+    print(report(args.out, data=args.data))
     return 0
 
 

@@ -11,9 +11,13 @@ from pipelines.studies.run_index import RunIndex, RunLog
 BY_NAME = {c.name: c for c in CANDIDATES}
 
 
-def _run(model, variant, lr, seed, val, test, *, steps=100, run_bytes=None, bytes_=10.0):
+def _run(
+    model, variant, lr, seed, val, test, *, steps=100, run_bytes=None, bytes_=10.0, warmup=None
+):
     header = {"model": model, "variant": variant, "seed": seed, "steps": steps, "lr_scale": lr,
               "params": 1000, "code": {"commit": "c", "dirty": False, "step_code": "v"}}  # fmt: skip
+    if warmup is not None:
+        header["settings"] = {"variant": {"options": {"dense_warmup_steps": warmup}}}
     curve = [{"step": s, "loss": 0.0, "bytes": 1000.0 if variant in ("adams", "adamw") else bytes_,
               "val_loss": 6.0 + (val - 6.0) * s / steps} for s in range(10, steps + 1, 10)]  # fmt: skip
     final = {"event": "final", "final_val_loss": val, "final_test_loss": test, "diverged": False}
@@ -55,6 +59,10 @@ def test_a_ramp_counts_its_whole_runs_bytes_against_a_constant_runs():
     # constant: the dense first step (1,000) and 99 sparse steps at the last logged 10 bytes
     index = RunIndex(_runs(ramp_bytes=1.6 * (1000 + 99 * 10)))
     assert arm_result(index, BY_NAME["scape99"], "llama", 100).bytes_ratio == pytest.approx(1.6)
+    # a dense warm-up's: 20 steps at the dense 1,000, 80 at the sparse 10
+    warm = [_run("llama", "scape90_w20", 1.0, s, 4.0, 4.0, warmup=20) for s in (0, 1, 2)]
+    ratio = arm_result(RunIndex(_runs() + warm), BY_NAME["scape90_w20"], "llama", 100).bytes_ratio
+    assert ratio == pytest.approx((20 * 1000 + 80 * 10) / (1000 + 99 * 10))
 
 
 def test_the_report_writes_its_block_json_and_plot(tmp_path, monkeypatch):
