@@ -14,8 +14,11 @@ logged step's). The goal (issue 52): SCAPE-90 within +1% and SCAPE-99 within +3%
 AdamW, at most x1.5 a constant run's bytes.
 
 Runs go through ``python -m pipelines.quality_study`` (one process per model at a time) into
-``<out>/runs/<code version>/`` and resume; ``--report-only`` rewrites ``<out>/README.md``'s
-table, ``<out>/early_gap.json`` and ``<out>/early_gap_<steps>.png`` from the runs.
+``<out>/runs/<code version>/`` and resume; ``--rerun`` makes the shipped and dense arms' seed-0
+runs of the shortest horizon again into ``<out>/reruns/`` (the noise floor,
+:mod:`pipelines.studies.noise_floor`); ``--report-only`` rewrites ``<out>/README.md``'s blocks
+(the verdict of what ships, also the project README's, and the table), ``<out>/early_gap.json``,
+``<out>/early_gap_<steps>.png`` and ``<out>/shipped_curves.png`` from the runs.
 """
 
 from __future__ import annotations
@@ -32,16 +35,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.studies import noise_floor
 from pipelines.studies.protocol import code_version
-from pipelines.studies.report_shipped import Target, steps_to_target
+from pipelines.studies.report_prose import update_block
+from pipelines.studies.report_shipped import Target, curve_points, steps_to_target
 from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey, RunLog
 
-__all__ = ["CANDIDATES", "GOAL", "Arm", "Candidate", "arm_result", "main", "report"]
+__all__ = ["CANDIDATES", "GOAL", "Arm", "Candidate", "arm_result", "main", "report", "verdict_text"]
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = "data/debian_docs_large__bytebpe1k"
 ADAMW = "adamw"
 DENSE_GRID = (0.5, 1.0, 2.0)
+RERUNS = "reruns"  # <out>/reruns/runs/<code version>/: same-config reruns (the noise floor)
 GOAL = {"90%": 1.0, "99%": 3.0}  # % over dense AdamW's test loss (issue 52, item 4)
 MAX_BYTES = 1.5  # x a constant run's
 
@@ -104,6 +110,7 @@ class Arm:
     test_loss: list[float]
     bytes_ratio: float | None
     target: Target | None = None  # steps to dense AdamW's loss, as a ratio to the horizon
+    target_adams: Target | None = None  # ... and to dense AdamS's
 
     def meets_goal(self) -> bool | None:
         """Within the goal on the mean over seeds and the byte budget (None: not run)."""
@@ -172,18 +179,24 @@ def arm_result(index: RunIndex, candidate: Candidate, model: str, steps: int) ->
     if adamw is not None:  # read off the periodic validation curve (report_shipped)
         arm.target = steps_to_target(index, model, candidate.variant, {steps: lr}, steps, ADAMW,
                                      adamw.lr)  # fmt: skip
+    arm.target_adams = steps_to_target(index, model, candidate.variant, {steps: lr}, steps,
+                                       REFERENCE, adams.lr)  # fmt: skip
     return arm
 
 
-def _fmt(gaps: list[float]) -> str:
+def _fmt(gaps: list[float], spread: float | None = None) -> str:
+    """``+2.3 ± 3.8% (n=3), level``: mean ± sd over seeds, and where it stands
+    (:func:`noise_floor.standing`; no word for one seed)."""
     if not gaps:
         return "-"
     if len(gaps) == 1:
         return f"{gaps[0]:+.1f}%"
-    return f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}% (n={len(gaps)})"
+    return (f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}% (n={len(gaps)}), "
+            f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
 
 
-def _dense_row(index: RunIndex, model: str, steps: int, variant: str, label: str) -> str:
+def _dense_row(index: RunIndex, model: str, steps: int, variant: str, label: str,
+               spread: float | None) -> str:  # fmt: skip
     choice = index.lr_choice(model, variant, steps)
     if choice is None:
         return f"| {steps:,} | {model} | {label} | - | - | - | - | - | - | - |"
@@ -195,39 +208,41 @@ def _dense_row(index: RunIndex, model: str, steps: int, variant: str, label: str
     to_adamw = "-"
     adamw = index.lr_choice(model, ADAMW, steps)
     if variant != ADAMW and adamw is not None:  # the dense pair's own gap: SCAPE's context
-        to_adamw = _fmt(_paired(index, model, variant, steps, choice.lr, ADAMW, adamw.lr))
+        to_adamw = _fmt(_paired(index, model, variant, steps, choice.lr, ADAMW, adamw.lr), spread)
     return (f"| {steps:,} | {model} | {label} (lr x{choice.lr:g} of the base, chosen on "
             f"validation{grid}) | - | {loss} | {to_adamw} | - | - | - | - |")  # fmt: skip
 
 
-def table(index: RunIndex, models: list[str], horizons: list[int]) -> str:
+def table(index: RunIndex, models: list[str], horizons: list[int],
+          spread: float | None = None) -> str:  # fmt: skip
     rows = ["| steps | model | arm | lr x AdamS's | test loss | gap to AdamW | gap to AdamS | "
             "steps to AdamW's loss | bytes x constant | goal |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for steps in horizons:
         for model in models:
-            rows.append(_dense_row(index, model, steps, ADAMW, "dense AdamW"))
-            rows.append(_dense_row(index, model, steps, REFERENCE, "dense AdamS"))
+            rows.append(_dense_row(index, model, steps, ADAMW, "dense AdamW", spread))
+            rows.append(_dense_row(index, model, steps, REFERENCE, "dense AdamS", spread))
             for c in CANDIDATES:
                 a = arm_result(index, c, model, steps)
                 loss = f"{statistics.fmean(a.test_loss):.3f}" if a.test_loss else "not run"
                 goal = {None: "-", True: "met", False: "missed"}[a.meets_goal()]
                 ratio = "-" if a.bytes_ratio is None else f"x{a.bytes_ratio:.2f}"
                 rows.append(f"| {steps:,} | {model} | {c.what} | x{c.multiplier:g} | {loss} | "
-                            f"{_fmt(a.to_adamw)} | {_fmt(a.to_adams)} | "
+                            f"{_fmt(a.to_adamw, spread)} | {_fmt(a.to_adams, spread)} | "
                             f"{'-' if a.target is None else a.target.text(steps)} | {ratio} | {goal} "
                             f"(+{GOAL[c.sparsity]:g}%) |")  # fmt: skip
     return "\n".join(rows)
 
 
-def summary_text(index: RunIndex, models: list[str], steps: int) -> str:
+def summary_text(index: RunIndex, models: list[str], steps: int,
+                 spread: float | None = None) -> str:  # fmt: skip
     """One sentence per sparsity at ``steps``: the shipped arm's test gaps to dense AdamW,
     and which candidates meet the goal on every model."""
     out = []
     for sparsity, goal in GOAL.items():
         arms = [c for c in CANDIDATES if c.sparsity == sparsity]
         shipped = next(c for c in arms if c.shipped)
-        gaps = "; ".join(f"{_fmt(arm_result(index, shipped, m, steps).to_adamw)} on {m}"
+        gaps = "; ".join(f"{_fmt(arm_result(index, shipped, m, steps).to_adamw, spread)} on {m}"
                          for m in models)  # fmt: skip
         results = {c.name: [arm_result(index, c, m, steps).meets_goal() for m in models]
                    for c in arms}  # fmt: skip
@@ -286,12 +301,119 @@ def plot(index: RunIndex, models: list[str], steps: int, path: Path) -> None:
     plt.close(fig)
 
 
+SHIPPED = {c.sparsity: c for c in CANDIDATES if c.shipped}  # "90%": SCAPE-90 as shipped, ...
+
+
+def _cell(gaps: list[float], spread: float | None) -> str:
+    """``+2.3 ± 3.8% behind`` (n shown below the protocol's 3 seeds)."""
+    if len(gaps) < 2:
+        return _fmt(gaps)
+    n = "" if len(gaps) >= 3 else f" (n={len(gaps)})"
+    return (f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}%{n} "
+            f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
+
+
+def _ratio(target: Target | None) -> str:
+    if target is None:
+        return "-"
+    return "> 1" if target.ratio is None else f"{target.ratio:.2f}"
+
+
+def verdict_text(index: RunIndex, models: list[str], spread: float | None,
+                 floor_sentence: str, data: str = DATA) -> str:  # fmt: skip
+    """The project README's verdict: SCAPE-90 and SCAPE-99 as they ship, against dense AdamW
+    and dense AdamS, at every horizon the shipped arms ran, one table."""
+    rows = ["| steps | model | AdamS vs AdamW | SCAPE-90 vs AdamW | vs AdamS | SCAPE-99 vs AdamW "
+            "| vs AdamS | steps to AdamW's loss (90 / 99) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for steps in _horizons(index):
+        for model in models:
+            arms = [arm_result(index, SHIPPED[s], model, steps) for s in ("90%", "99%")]
+            if not any(a.to_adamw for a in arms):
+                continue
+            adams, adamw = (index.lr_choice(model, v, steps) for v in (REFERENCE, ADAMW))
+            dense = ([] if adams is None or adamw is None else
+                     _paired(index, model, REFERENCE, steps, adams.lr, ADAMW, adamw.lr))  # fmt: skip
+            cells = " | ".join(f"{_cell(a.to_adamw, spread)} | {_cell(a.to_adams, spread)}"
+                               for a in arms)  # fmt: skip
+            rows.append(f"| {steps:,} | {model} | {_cell(dense, spread)} | {cells} | "
+                        f"{_ratio(arms[0].target)} / {_ratio(arms[1].target)} |")  # fmt: skip
+    s90, s99 = SHIPPED["90%"], SHIPPED["99%"]
+    return ("\n".join(rows) + "\n\n"
+            f"Final loss on the held-out *test* split of `{Path(data).name}` (no run reads its "
+            "train split twice), paired by seed over 3 seeds (n shown when fewer), mean ± sd; "
+            f"SCAPE-90 and SCAPE-99 exactly as `optimizer=scape90|scape99` ship (lr "
+            f"x{s90.multiplier:g} and x{s99.multiplier:g} dense AdamS's, SCAPE-99 with its "
+            "density ramp), dense AdamS and AdamW each at the lr its grid, closed on the "
+            "*validation* split, chose; steps to AdamW's loss as a ratio to the horizon (1.00: "
+            f"as fast; > 1: not reached). {floor_sentence} Tiny models on 2 CPU cores, not the "
+            f"paper's scale. Candidates and tuned arms: results/early_gap/. Runs of code "
+            f"version `{index.code}`.")  # fmt: skip
+
+
+def plot_shipped_curves(index: RunIndex, models: list[str], path: Path) -> None:
+    """The shipped arms' seed-mean validation curves against the dense arms', one panel per
+    (model, horizon), dense AdamW's final loss drawn and where each SCAPE arm reaches it
+    marked with its steps-to-target ratio (issue 52, item 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    horizons = [h for h in _horizons(index)
+                if any(arm_result(index, c, m, h).to_adamw for c in SHIPPED.values()
+                       for m in models)]  # fmt: skip
+    if not horizons:
+        return
+    fig, axes = plt.subplots(len(models), len(horizons), squeeze=False,
+                             figsize=(4.6 * len(horizons), 3.6 * len(models)))  # fmt: skip
+    colors = {ADAMW: "black", REFERENCE: "grey", "90%": "tab:blue", "99%": "tab:red"}
+    for row, model in zip(axes, models, strict=True):
+        for ax, steps in zip(row, horizons, strict=True):
+            adamw = index.lr_choice(model, ADAMW, steps)
+            for variant, label in ((ADAMW, "dense AdamW"), (REFERENCE, "dense AdamS")):
+                choice = index.lr_choice(model, variant, steps)
+                pts = curve_points(index, model, variant, steps, choice and choice.lr)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=colors[variant], lw=1.2, label=label)
+            if adamw is not None:
+                pts = curve_points(index, model, ADAMW, steps, adamw.lr)
+                if pts:
+                    ax.axhline(pts[-1][1], color="black", ls=":", lw=0.8)
+            for sparsity, c in SHIPPED.items():
+                a = arm_result(index, c, model, steps)
+                pts = curve_points(index, model, c.variant, steps, a.lr)
+                if not pts:
+                    continue
+                ax.plot(*zip(*pts, strict=True), color=colors[sparsity], lw=1.2,
+                        label=f"{c.what.split(' as')[0]} (to AdamW's: {_ratio(a.target)})")  # fmt: skip
+                if a.target is not None and a.target.ratio is not None:
+                    at = a.target.ratio * steps
+                    ax.axvline(at, color=colors[sparsity], ls="--", lw=0.8)
+            ax.set_title(f"{model}, {steps:,} steps", fontsize=9)
+            ax.set_xlabel("step")
+            ax.set_ylabel("validation loss (seed mean)")
+            tail = [p[1] for c in (ADAMW, REFERENCE) for p in
+                    curve_points(index, model, c, steps, index.best_lr(model, c, steps))]  # fmt: skip
+            if tail:  # the last half of the run, where the arms part
+                lo = min(tail)
+                ax.set_ylim(lo - 0.1, lo + 1.2)
+                ax.set_xlim(steps * 0.2, steps * 1.02)
+            ax.legend(fontsize=6, loc="upper right")
+    fig.suptitle("As shipped: steps to dense AdamW's final loss (dotted)\nas a ratio to the "
+                 "horizon (dashed: where SCAPE reaches it)", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _arm_json(a: Arm) -> dict:
     return {"what": a.candidate.what, "variant": a.candidate.variant,
             "multiplier": a.candidate.multiplier, "shipped": a.candidate.shipped, "lr": a.lr,
             "to_adamw": a.to_adamw, "to_adams": a.to_adams, "test_loss": a.test_loss,
             "bytes_ratio": a.bytes_ratio, "meets_goal": a.meets_goal(),
-            "steps_to_adamw": None if a.target is None else a.target.ratio}  # fmt: skip
+            "steps_to_adamw": None if a.target is None else a.target.ratio,
+            "steps_to_adams": None if a.target_adams is None else a.target_adams.ratio}  # fmt: skip
 
 
 BEGIN, END = "<!-- early-gap:begin -->", "<!-- early-gap:end -->"
@@ -309,14 +431,21 @@ def corpus_text(data: str) -> str:
     return f"Corpus `{path.parent.name}`: {sizes}."
 
 
-def report(out: Path, code: str | None = None, data: str = DATA) -> str:
-    """Rewrite the generated block of ``out``/README.md, early_gap.json and the plots."""
+def report(out: Path, code: str | None = None, data: str = DATA,
+           verdict_readme: Path | None = None) -> str:  # fmt: skip
+    """Rewrite the generated blocks of ``out``/README.md (and the verdict of
+    ``verdict_readme``), early_gap.json and the plots."""
     index = RunIndex.load(out, code)
     models, horizons = _models(index), _horizons(index)
-    block = ("\n\n".join(summary_text(index, models, steps) for steps in horizons)
-             + f"\n\n{table(index, models, horizons)}\n\nRuns of code version `{index.code}`; "
-             "goal: the mean paired gap to dense AdamW within it and at most "
-             f"x{MAX_BYTES:g} a constant run's bytes. "
+    again = out / RERUNS
+    found = (noise_floor.reruns(index, RunIndex.load(again, index.code))
+             if (again / "runs").is_dir() else [])  # fmt: skip
+    spread = noise_floor.host_spread(found)
+    floor = noise_floor.floor_text(found, noise_floor.hosts(index))
+    block = ("\n\n".join(summary_text(index, models, steps, spread) for steps in horizons)
+             + f"\n\n{table(index, models, horizons, spread)}\n\nRuns of code version "
+             f"`{index.code}`; goal: the mean paired gap to dense AdamW within it and at most "
+             f"x{MAX_BYTES:g} a constant run's bytes. {floor} "
              + corpus_text(data))  # fmt: skip
     readme = out / "README.md"
     out.mkdir(parents=True, exist_ok=True)
@@ -324,6 +453,10 @@ def report(out: Path, code: str | None = None, data: str = DATA) -> str:
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     readme.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
+    verdict = verdict_text(index, models, spread, floor, data)
+    for path in (readme, verdict_readme):
+        if path is not None:
+            update_block(path, verdict)
     results = {
         str(steps): {model: {c.name: _arm_json(arm_result(index, c, model, steps))
                              for c in CANDIDATES} for model in models}
@@ -332,6 +465,7 @@ def report(out: Path, code: str | None = None, data: str = DATA) -> str:
     (out / "early_gap.json").write_text(json.dumps(results, indent=1) + "\n")
     for steps in horizons:
         plot(index, models, steps, out / f"early_gap_{steps}.png")
+    plot_shipped_curves(index, models, out / "shipped_curves.png")
     return block
 
 
@@ -403,6 +537,25 @@ def run(steps: int, seeds: list[int], out: Path, data: str, models: list[str],
     _each_model(models, candidates)
 
 
+def rerun(out: Path, data: str, models: list[str], seed: int = 0) -> None:
+    """Make again, into ``<out>/reruns/``, the seed-``seed`` runs of the shortest horizon's
+    dense arms (each at its chosen lr) and shipped arms: the noise floor's reruns."""
+    code = str(code_version(REPO)["step_code"])
+    index = RunIndex.load(out, code)
+    if not index.runs:
+        raise SystemExit(f"{out}: no runs of code version {code} to rerun; run the study first")
+    steps = min(_horizons(index))
+
+    def again(model: str) -> None:
+        arms = [(v, index.best_lr(model, v, steps)) for v in (ADAMW, REFERENCE)]
+        arms += [(c.variant, arm_result(index, c, model, steps).lr) for c in SHIPPED.values()]
+        for variant, lr in arms:
+            if lr is not None and seed in index.seeds(model, variant, steps, lr):
+                _study(model, steps, [seed], out / RERUNS, data, [variant], [lr], 0)
+
+    _each_model(models, again)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -413,11 +566,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=None,
                         help="candidates to run (default: all): "
                         + " ".join(c.name for c in CANDIDATES))  # fmt: skip
+    parser.add_argument("--rerun", action="store_true",
+                        help="make the shipped and dense arms' seed-0 runs of the shortest "
+                        "horizon again into <out>/reruns/ (the noise floor)")  # fmt: skip
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    if not args.report_only:
+    if args.rerun:
+        rerun(args.out, args.data, args.models)
+    elif not args.report_only:
         run(args.steps, args.seeds, args.out, args.data, args.models, args.arms)
-    print(report(args.out, data=args.data))
+    committed = args.out.resolve() == (REPO / "results" / "early_gap").resolve()
+    print(
+        report(args.out, data=args.data, verdict_readme=REPO / "README.md" if committed else None)
+    )
     return 0
 
 
