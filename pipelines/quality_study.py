@@ -266,7 +266,8 @@ def run(cfg: QualityStudyConfig | DictConfig) -> list:
     index = write_report(
         out_dir, cfg.variants, labels, study_notes(cfg), finalists=cfg.finalists,
         cost_shape=("Llama-1.8B", count_params(paper), 32), overview=cfg.overview,
-        verdict_readmes=(REPO / "README.md",) if committed else (),
+        # the project README's verdict is the early-gap study's (pipelines/studies/early_gap.py:
+        # held-out data, every gap on test); this study's stays in its own README
         paper_sizes={name: count_params(SHAPES[key])
                      for name, key in (("Llama-500M", "llama-500m"), ("Llama-1.8B", "llama-1.8b"))},
         data_dir=cfg.data_dir, gpu_repo=REPO if committed else None,

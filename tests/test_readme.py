@@ -218,12 +218,12 @@ def test_every_path_link_and_module_the_readme_names_exists():
     assert not problems, f"README.md names what does not exist: {', '.join(problems)}"
 
 
-def test_the_verdict_is_the_quality_reports_word_for_word():
-    """The README's verdict block is written by the quality report (`make quality-report`)
+def test_the_verdict_is_the_early_gap_reports_word_for_word():
+    """The README's verdict block is written by the early-gap report (`make early-gap-report`)
     into both READMEs; a hand edit of either makes them differ."""
 
     def block(path: Path) -> str:
         text = path.read_text(encoding="utf-8")
         return text.split("<!-- verdict:begin -->", 1)[1].split("<!-- verdict:end -->", 1)[0]
 
-    assert block(REPO / "README.md") == block(REPO / "results" / "quality" / "README.md")
+    assert block(REPO / "README.md") == block(REPO / "results" / "early_gap" / "README.md")

@@ -60,14 +60,13 @@ def write_report(
     finalists: list[str],
     cost_shape: tuple[str, int, int],
     overview: list[ReadingRow] | None = None,
-    verdict_readmes: tuple[Path, ...] = (),
     paper_sizes: dict[str, int] | None = None,
     data_dir: str | Path | None = None,
     gpu_repo: Path | None = None,
 ) -> RunIndex:
     """summary.md and gap_vs_steps.png from every finished run under ``out_dir/runs``; the
-    verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` and of each
-    of ``verdict_readmes`` (the project README, when the report is the committed one); with
+    verdict (:func:`verdict_text`) into the marked block of ``out_dir/README.md`` (the project
+    README's is the early-gap study's, :mod:`pipelines.studies.early_gap`); with
     ``gpu_repo``, the GPU queue's cells (:mod:`pipelines.studies.report_gpu`) into its gpu block; the
     size trend (:func:`scale_text`, toward ``paper_sizes``) into the README's scale block."""
     index = RunIndex.load(out_dir)
@@ -139,8 +138,7 @@ def write_report(
     ship(rec, json.loads(transfer.read_text(encoding="utf-8")) if transfer.is_file() else None)
     (out_dir / "recipe.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     update_block(out_dir / "README.md", recipe_text(rec, index, labels), "recipe")
-    for readme in (out_dir / "README.md", *verdict_readmes):
-        update_block(readme, verdict)
+    update_block(out_dir / "README.md", verdict)
     update_block(out_dir / "README.md", verdict_text(index, verdict_models), "tuned")
     update_block(out_dir / "README.md", shipped, "shipped")
     update_block(out_dir / "README.md", finalists_text(index, labels, verdict_models, horizons),
