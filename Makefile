@@ -270,7 +270,6 @@ ARCH ?= x86_64
 LARGE_CORPUS := data/debian_docs_large__bytebpe1k
 .PHONY: corpus-large
 corpus-large: $(STAMP)
-	@test -f data/raw/debian_docs_large.jsonl.gz || $(PY) -m data_prep.docs_corpus --set large --out data/raw/debian_docs_large.jsonl.gz
 	@test -f $(LARGE_CORPUS)/metadata.json || $(PY) -m pipelines.prepare data=debian_docs_large tokenizer=bytebpe1k
 
 # What ships, and the early-gap candidates (issue 52), on that corpus: dense AdamS and AdamW

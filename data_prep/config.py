@@ -44,6 +44,10 @@ class DataConfig:
     text_field: str = "text"
     # kind=files (.txt): None = one document per file, else split each file on this string
     document_separator: str | None = None
+    # kind=files: a data_prep.docs_corpus set ("base", "large") that writes paths[0] when it is
+    # missing, from Debian's documentation packages (apt-get and a Debian mirror, no hub);
+    # None: the files must exist
+    build: str | None = None
     # kind=hub
     hub_name: str | None = None
     hub_config: str | None = None
@@ -112,6 +116,15 @@ def validate_data(data: DataConfig) -> None:
         raise DataPrepError(f"{where}: kind=embedded needs data.embedded=<corpus name>")
     if data.kind == SourceKind.files and not data.paths:
         raise DataPrepError(f"{where}: kind=files needs data.paths=[file or glob, ...]")
+    if data.build is not None:
+        from data_prep.docs_corpus import SETS
+
+        if data.kind != SourceKind.files or len(data.paths) != 1:
+            raise DataPrepError(f"{where}: data.build={data.build!r} needs kind=files and one "
+                                "data.paths entry (the file it writes); or data.build=null")  # fmt: skip
+        if data.build not in SETS:
+            raise DataPrepError(f"{where}: data.build={data.build!r} is not a docs_corpus set; "
+                                f"use one of {', '.join(sorted(SETS))}, or null")  # fmt: skip
     if data.kind == SourceKind.hub and not data.hub_name:
         raise DataPrepError(f"{where}: kind=hub needs data.hub_name=<org/dataset>")
     if data.max_documents is not None and data.max_documents < 1:

@@ -441,6 +441,14 @@ def build(out: Path, work_dir: Path, max_mb: float, apt: str = "apt-get",
     return meta
 
 
+def build_set(name: str, out: Path, work_dir: Path = Path("/tmp/docs_corpus"),
+              max_mb: float | None = None, apt: str = "apt-get") -> dict[str, object]:  # fmt: skip
+    """:func:`build` of one of :data:`SETS` at its default size (base: the GPU queue's
+    :data:`DEFAULT_MAX_MB`; large: every package, whole) unless ``max_mb`` says otherwise."""
+    size = max_mb or (DEFAULT_MAX_MB if name == "base" else 1e6)
+    return build(out, work_dir, size, apt, SETS[name])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output .jsonl.gz")
@@ -460,8 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apt-get", default="apt-get", help=argparse.SUPPRESS)  # for tests
     args = parser.parse_args(argv)
     try:
-        max_mb = args.max_mb or (DEFAULT_MAX_MB if args.set == "base" else 1e6)
-        build(args.out, args.work_dir, max_mb, args.apt_get, SETS[args.set])
+        build_set(args.set, args.out, args.work_dir, args.max_mb, args.apt_get)
     except DataPrepError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from data_prep import assets, dataset
-from data_prep.config import SPLIT_NAMES, PrepareConfig, TokenizerConfig, TokenizerKind, validate
+from data_prep.config import (
+    SPLIT_NAMES,
+    DataConfig,
+    PrepareConfig,
+    TokenizerConfig,
+    TokenizerKind,
+    validate,
+)
 from data_prep.errors import DataPrepError
 from data_prep.sources import Source, open_source
 from data_prep.splits import assign_splits
@@ -89,6 +96,7 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> PrepareResult:
     if cfg.tokenizer.vocab_size is not None:  # fail before reading anything when we can
         check_model_vocab(cfg.tokenizer.name, cfg.tokenizer.vocab_size, *vocab_check)
     out = output_path(cfg)
+    build_missing(cfg.data)
     source = open_source(cfg.data)
     fingerprint = _fingerprint(cfg, source)
 
@@ -135,6 +143,19 @@ def prepare(cfg: PrepareConfig, command: str | None = None) -> PrepareResult:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PrepareResult(out, metadata, skipped=False, report=report)
+
+
+def build_missing(data: DataConfig) -> bool:
+    """Write a ``data.build`` corpus's file when it is missing (:mod:`data_prep.docs_corpus`,
+    ~2 minutes from a Debian mirror); True when it built one."""
+    if data.build is None or Path(data.paths[0]).exists():
+        return False
+    from data_prep.docs_corpus import build_set
+
+    print(f"{data.paths[0]}: not built yet; building docs_corpus set {data.build!r} from "
+          "Debian's documentation packages (apt-get; ~2 min)", flush=True)  # fmt: skip
+    build_set(data.build, Path(data.paths[0]))
+    return True
 
 
 def _fingerprint(cfg: PrepareConfig, source: Source) -> str:

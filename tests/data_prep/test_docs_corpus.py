@@ -199,3 +199,46 @@ def test_the_large_set_keeps_the_base_and_adds_packages_each_once(monkeypatch, t
     assert seen["packages"] == large and seen["max_mb"] >= 1e6  # every document kept
     assert dc.main(argv) == 0
     assert seen["packages"] == base and seen["max_mb"] == dc.DEFAULT_MAX_MB
+
+
+def test_a_data_config_with_build_writes_its_missing_file_once(monkeypatch, tmp_path) -> None:
+    from data_prep.config import DataConfig, SourceKind
+    from data_prep.prepare import build_missing
+
+    out = tmp_path / "raw" / "c.jsonl.gz"
+    calls = []
+    monkeypatch.setattr(dc, "build", lambda o, work, max_mb, apt, packages: calls.append(
+        (o, packages)) or o.parent.mkdir(parents=True) or o.write_bytes(b"x"))  # fmt: skip
+    cfg = DataConfig(name="d", kind=SourceKind.files, paths=[str(out)], build="large")
+    assert build_missing(cfg) is True and calls == [(out, dc.SETS["large"])]
+    assert build_missing(cfg) is False and len(calls) == 1  # there now: not built again
+    cfg.build = None
+    out.unlink()
+    assert build_missing(cfg) is False and not calls[1:]  # no build named: the files must exist
+
+
+@pytest.mark.parametrize(
+    ("build", "paths", "needle"),
+    [
+        (
+            "huge",
+            ["a.jsonl.gz"],
+            r"data.build='huge' is not a docs_corpus set; use one of base, large",
+        ),
+        ("large", ["a.jsonl.gz", "b.jsonl.gz"], r"data.build='large' needs kind=files and one"),
+    ],
+)
+def test_a_bad_build_is_named_with_the_fix(build, paths, needle) -> None:
+    from data_prep.config import (
+        DataConfig,
+        PrepareConfig,
+        SourceKind,
+        TokenizerConfig,
+        TokenizerKind,
+        validate,
+    )
+
+    data = DataConfig(name="d", kind=SourceKind.files, paths=paths, build=build)
+    tok = TokenizerConfig(name="t", kind=TokenizerKind.bytebpe, vocab_size=512)
+    with pytest.raises(DataPrepError, match=needle):
+        validate(PrepareConfig(data=data, tokenizer=tok))
