@@ -11,8 +11,9 @@ report, saved to W&B when ``WANDB_API_KEY`` is set, else written as
 ``<out_dir>/wandb_report_<experiment>.json`` for ``python -m pipelines.wandb_report publish``
 (``pipelines/wandb_report.py``).
 
-Quality: final validation loss / perplexity (the evaluate stage's, over the whole validation
-split; training's periodic estimate when a run has not been evaluated), its distance to the
+Quality: final validation loss / perplexity (the evaluate stage's, over the validation split or
+the evenly spaced windows it was capped to; training's periodic estimate when a run has not been
+evaluated), its distance to the
 corpus's unigram level (``eval.unigram``, stated in the notes), and downstream accuracy per
 optimizer; an accuracy within noise of its task's chance rate is marked "at chance".
 Efficiency (``pipelines.efficiency``): bytes per rank per step from the runs, no speed
@@ -96,7 +97,8 @@ class RunSummary:
 
     @property
     def final_val_loss(self) -> float | None:
-        """The evaluate stage's loss over the whole validation split, else training's last estimate."""
+        """The evaluate stage's loss over the validation split (or its capped windows), else
+        training's last estimate."""
         full = (self.eval.get("validation") or {}).get("loss")
         if full is not None:
             return float(full)
