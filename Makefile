@@ -276,12 +276,15 @@ corpus-large: $(STAMP)
 # with closed lr grids, each SCAPE arm at its multiplier x dense AdamS's chosen lr, 3 seeds,
 # lr chosen on validation and every gap read on test (pipelines/studies/early_gap.py).
 # EARLY_STEPS=400 is ~75 runs of ~75 s on 2 cores (~50 min); resumes. Writes results/early_gap/.
+# ARGS=--rerun makes the shortest horizon's seed-0 dense and shipped runs again (the noise
+# floor, results/early_gap/reruns/); ARGS="--arms scape90 scape99": the shipped arms only.
 EARLY_STEPS ?= 400
 .PHONY: early-gap early-gap-report
 early-gap: corpus-large
 	$(PY) -m pipelines.studies.early_gap --steps $(EARLY_STEPS) $(ARGS)
 early-gap-report: $(STAMP)
 	$(PY) -m pipelines.studies.run_store results/early_gap/runs
+	@test ! -d results/early_gap/reruns/runs || $(PY) -m pipelines.studies.run_store results/early_gap/reruns/runs
 	$(PY) -m pipelines.studies.early_gap --report-only
 
 # The GPU queue's corpus (scripts/gpu_quality.sh): English documentation from Debian's package

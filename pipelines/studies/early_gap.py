@@ -176,11 +176,18 @@ def arm_result(index: RunIndex, candidate: Candidate, model: str, steps: int) ->
                      if (x := _test_loss(index.runs[RunKey(model, candidate.variant, steps, lr, s)]))
                      is not None]  # fmt: skip
     arm.bytes_ratio = _bytes_ratio(index, model, candidate.variant, steps, lr)
-    if adamw is not None:  # read off the periodic validation curve (report_shipped)
-        arm.target = steps_to_target(index, model, candidate.variant, {steps: lr}, steps, ADAMW,
+    # read off the periodic validation curve (report_shipped), and where this horizon's run
+    # does not reach it, off the arm's run at a longer horizon (its own multiplier there)
+    lr_of = {}
+    for h in _horizons(index):
+        there = index.lr_choice(model, REFERENCE, h)
+        if h >= steps and there is not None and there.closed:
+            lr_of[h] = candidate.multiplier * there.lr
+    if adamw is not None:
+        arm.target = steps_to_target(index, model, candidate.variant, lr_of, steps, ADAMW,
                                      adamw.lr)  # fmt: skip
-    arm.target_adams = steps_to_target(index, model, candidate.variant, {steps: lr}, steps,
-                                       REFERENCE, adams.lr)  # fmt: skip
+    arm.target_adams = steps_to_target(index, model, candidate.variant, lr_of, steps, REFERENCE,
+                                       adams.lr)  # fmt: skip
     return arm
 
 
@@ -224,7 +231,9 @@ def table(index: RunIndex, models: list[str], horizons: list[int],
             rows.append(_dense_row(index, model, steps, REFERENCE, "dense AdamS", spread))
             for c in CANDIDATES:
                 a = arm_result(index, c, model, steps)
-                loss = f"{statistics.fmean(a.test_loss):.3f}" if a.test_loss else "not run"
+                if not a.test_loss:  # not run at this horizon (early_gap.json lists it)
+                    continue
+                loss = f"{statistics.fmean(a.test_loss):.3f}"
                 goal = {None: "-", True: "met", False: "missed"}[a.meets_goal()]
                 ratio = "-" if a.bytes_ratio is None else f"x{a.bytes_ratio:.2f}"
                 rows.append(f"| {steps:,} | {model} | {c.what} | x{c.multiplier:g} | {loss} | "
@@ -313,10 +322,14 @@ def _cell(gaps: list[float], spread: float | None) -> str:
             f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
 
 
-def _ratio(target: Target | None) -> str:
+def _ratio(target: Target | None, steps: int | None = None) -> str:
+    """``1.62``; ``> 1`` (not reached); with ``steps``, a ratio read off a longer run says so."""
     if target is None:
         return "-"
-    return "> 1" if target.ratio is None else f"{target.ratio:.2f}"
+    if target.ratio is None:
+        return "> 1"
+    longer = steps is not None and target.read_at not in (None, steps)
+    return f"{target.ratio:.2f}{'*' if longer else ''}"
 
 
 def verdict_text(index: RunIndex, models: list[str], spread: float | None,
@@ -337,7 +350,7 @@ def verdict_text(index: RunIndex, models: list[str], spread: float | None,
             cells = " | ".join(f"{_cell(a.to_adamw, spread)} | {_cell(a.to_adams, spread)}"
                                for a in arms)  # fmt: skip
             rows.append(f"| {steps:,} | {model} | {_cell(dense, spread)} | {cells} | "
-                        f"{_ratio(arms[0].target)} / {_ratio(arms[1].target)} |")  # fmt: skip
+                        f"{_ratio(arms[0].target, steps)} / {_ratio(arms[1].target, steps)} |")  # fmt: skip
     s90, s99 = SHIPPED["90%"], SHIPPED["99%"]
     return ("\n".join(rows) + "\n\n"
             f"Final loss on the held-out *test* split of `{Path(data).name}` (no run reads its "
@@ -346,7 +359,8 @@ def verdict_text(index: RunIndex, models: list[str], spread: float | None,
             f"x{s90.multiplier:g} and x{s99.multiplier:g} dense AdamS's, SCAPE-99 with its "
             "density ramp), dense AdamS and AdamW each at the lr its grid, closed on the "
             "*validation* split, chose; steps to AdamW's loss as a ratio to the horizon (1.00: "
-            f"as fast; > 1: not reached). {floor_sentence} Tiny models on 2 CPU cores, not the "
+            "as fast; > 1: not reached; *: read off the arm's run at a longer horizon). "
+            f"{floor_sentence} Tiny models on 2 CPU cores, not the "
             f"paper's scale. Candidates and tuned arms: results/early_gap/. Runs of code "
             f"version `{index.code}`.")  # fmt: skip
 
