@@ -149,3 +149,16 @@ def test_a_rerun_needs_stored_runs_first(tmp_path):
 
     with pytest.raises(SystemExit, match="no runs of code version .* to rerun; run the study"):
         rerun(tmp_path, "data/x", ["llama"])
+
+
+def test_steps_to_adamws_loss_are_read_off_the_longer_run_where_the_horizons_falls_short():
+    longer = [_run(m.header["model"], m.header["variant"], m.header["lr_scale"], m.header["seed"],
+                   m.final["final_val_loss"], m.final["final_test_loss"], steps=200)
+              for m in _runs() if m.header["variant"] in ("adams", "adamw")]  # fmt: skip
+    # SCAPE-90's 200-step run ends at 3.8: its curve first meets AdamW's 100-step 3.9 at step 200
+    longer += [_run("llama", "scape90", 1.0, s, 3.8, 3.9, steps=200) for s in (0, 1, 2)]
+    index = RunIndex(_runs() + longer)
+    arm = arm_result(index, BY_NAME["scape90"], "llama", 100)
+    assert arm.target.ratio == pytest.approx(2.0) and arm.target.read_at == 200
+    short = arm_result(RunIndex(_runs()), BY_NAME["scape90"], "llama", 100)
+    assert short.target.ratio is None  # its own 4.0 never reaches 3.9, and no longer run
