@@ -353,16 +353,13 @@ def verdict_text(index: RunIndex, models: list[str], spread: float | None,
                         f"{_ratio(arms[0].target, steps)} / {_ratio(arms[1].target, steps)} |")  # fmt: skip
     s90, s99 = SHIPPED["90%"], SHIPPED["99%"]
     return ("\n".join(rows) + "\n\n"
-            f"Final loss on the held-out *test* split of `{Path(data).name}` (no run reads its "
-            "train split twice), paired by seed over 3 seeds (n shown when fewer), mean ± sd; "
-            f"SCAPE-90 and SCAPE-99 exactly as `optimizer=scape90|scape99` ship (lr "
-            f"x{s90.multiplier:g} and x{s99.multiplier:g} dense AdamS's, SCAPE-99 with its "
-            "density ramp), dense AdamS and AdamW each at the lr its grid, closed on the "
-            "*validation* split, chose; steps to AdamW's loss as a ratio to the horizon (1.00: "
-            "as fast; > 1: not reached; *: read off the arm's run at a longer horizon). "
-            f"{floor_sentence} Tiny models on 2 CPU cores, not the "
-            f"paper's scale. Candidates and tuned arms: results/early_gap/. Runs of code "
-            f"version `{index.code}`.")  # fmt: skip
+            f"Final loss on the held-out *test* split of `{Path(data).name}` (no run reads a "
+            "train token twice), paired over 3 seeds (n shown when fewer), mean ± sd. SCAPE-90 / "
+            f"SCAPE-99 exactly as `optimizer=scape90|scape99` ship (x{s90.multiplier:g} / "
+            f"x{s99.multiplier:g} dense AdamS's lr, SCAPE-99 with its ramp); dense AdamS and AdamW "
+            "at the lr of their grids, closed on *validation*. Steps to AdamW's loss: a ratio to "
+            "the horizon (> 1: not reached; *: read off a longer run). "
+            f"{floor_sentence} Tiny models on CPU. Runs of code version `{index.code}`.")  # fmt: skip
 
 
 def plot_shipped_curves(index: RunIndex, models: list[str], path: Path) -> None:

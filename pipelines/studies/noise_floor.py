@@ -83,13 +83,11 @@ def standing(gaps: list[float], spread: float | None) -> str:
 def floor_text(found: list[Rerun], made_on: list[str]) -> str:
     """One sentence: the reruns, their host spread and the host classes of the stored runs."""
     classes = "; ".join(made_on) or "no host recorded"
+    rule = "level: a mean gap within twice its standard error over seeds"
     if not found:
-        return (f"Noise floor: no rerun yet (`--rerun`); the runs were made on {classes}. "
-                "A gap is level when its mean is within twice its standard error over seeds.")  # fmt: skip
-    pairs = sorted({f"{r.stored_cpu} -> {r.rerun_cpu}" for r in found})
+        return f"Noise floor: no rerun yet (`--rerun`); runs made on {classes}; {rule}."
+    hosts_seen = sorted({r.rerun_cpu for r in found} | {r.stored_cpu for r in found})
     same = sum(r.rerun == r.stored for r in found)
-    return (f"Noise floor: {len(found)} same-config reruns ({', '.join(pairs)}) moved the final "
-            f"test loss by at most {host_spread(found):.3f}% ({same} of {len(found)} bit for "
-            f"bit); the runs were made on {classes}, so no other host class is measured. A gap "
-            "is level when its mean is within the larger of that spread and twice its standard "
-            "error over seeds.")  # fmt: skip
+    return (f"Noise floor: {len(found)} same-config reruns on {'; '.join(hosts_seen)} moved the "
+            f"test loss by at most {host_spread(found):.3f}% ({same} bit for bit); the runs "
+            f"were made on {classes} only; {rule} or that spread.")  # fmt: skip

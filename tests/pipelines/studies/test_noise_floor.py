@@ -26,7 +26,7 @@ def test_reruns_pair_by_key_and_the_spread_is_the_largest_relative_change():
     assert noise_floor.host_spread(found) == pytest.approx(0.5)  # 4.221 over 4.2
     text = noise_floor.floor_text(found, noise_floor.hosts(stored))
     assert "2 same-config reruns" in text and "at most 0.500%" in text
-    assert "1 of 2 bit for bit" in text and "AMD EPYC, AVX-512 -> Intel Xeon, AVX-512" in text
+    assert "(1 bit for bit)" in text and "reruns on AMD EPYC, AVX-512; Intel Xeon, AVX-512" in text
     assert noise_floor.host_spread([]) is None
     assert "no rerun yet" in noise_floor.floor_text([], ["AMD EPYC, AVX-512"])
 
