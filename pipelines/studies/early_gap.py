@@ -84,6 +84,14 @@ CANDIDATES = (
     Candidate(
         "scape90_w20_x4", "scape90_w20", 4.0, "90%", "SCAPE-90 with 20 dense steps first, at x4"
     ),
+    # the step's knobs, re-screened on this corpus at SCAPE-90's best multiplier here (x4)
+    Candidate("scape90_b99_x4", "scape90_b99", 4.0, "90%", "SCAPE-90, moment beta 0.99, at x4"),
+    Candidate("scape90_b9_x4", "scape90_b9", 4.0, "90%", "SCAPE-90, moment beta 0.9, at x4"),
+    Candidate(
+        "scape90_v99_x4", "scape90_v99", 4.0, "90%", "SCAPE-90, second-moment beta 0.99, at x4"
+    ),
+    Candidate("scape90_v9_x4", "scape90_v9", 4.0, "90%", "SCAPE-90, second-moment beta 0.9, at x4"),
+    Candidate("scape90_ramp_x4", "scape90_ramp", 4.0, "90%", "SCAPE-90 with the 50% ramp, at x4"),
     Candidate(
         "scape99",
         "scape99_ramp",
@@ -94,6 +102,13 @@ CANDIDATES = (
     ),
     Candidate("scape99_x4", "scape99_ramp", 4.0, "99%", "SCAPE-99 (shipped ramp) at x4"),
     Candidate("scape99_x8", "scape99_ramp", 8.0, "99%", "SCAPE-99 (shipped ramp) at x8"),
+    Candidate(
+        "scape99_b99",
+        "scape99_ramp_b99",
+        2.0,
+        "99%",
+        "SCAPE-99 (shipped ramp), moment beta 0.99 (x2)",
+    ),
 )
 
 

@@ -11,6 +11,13 @@ on every seed here (``results/quality/transfer_check.json``; the report reads it
 
 ``--ramp`` asks the same of the density ramp (issue 41's early-gap candidate): SCAPE-99 with
 and without it, both families, ``SEEDS``, into ``results/quality/ramp_transfer.json``.
+
+``--grid`` (issue 52) asks what the multipliers are relative to: in that setting, on its
+corpus, every arm of the table (dense AdamS and AdamW, SCAPE-90 and SCAPE-99 as shipped
+but for the multiplier) on a grid of multipliers of the setting's one lr, each grid extended
+past an edge best until closed, ``SEEDS``; written to ``results/early_gap/transfer_grid.json``
+after every run (a rerun resumes), with each arm's best multiplier and SCAPE's best over
+dense AdamS's and dense AdamW's.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from pathlib import Path
 
 from pipelines.studies.report_stats import SHIPPED_CONFIGS
 
-__all__ = ["EXPERIMENTS", "NO_RAMP", "RAMP", "SEEDS", "check", "check_ramp", "holds"]
+__all__ = ["EXPERIMENTS", "GRID", "NO_RAMP", "RAMP", "SEEDS", "check", "check_grid", "check_ramp",
+           "holds"]  # fmt: skip
 
 EXPERIMENTS = {"llama": "llama500m_slimpj_quality", "gpt": "gpt345m_owt_quality"}
 SEEDS = (1234, 1235)
@@ -93,13 +101,69 @@ def check_ramp(root: Path) -> dict:
     return out
 
 
+# The first multipliers of each arm's grid (x the setting's lr); an edge best extends it by x2
+GRID = {"adams": (0.25, 0.5, 1.0, 2.0), "adamw": (0.25, 0.5, 1.0, 2.0),
+        "scape90": (1.0, 2.0, 4.0), "scape99": (1.0, 2.0, 4.0)}  # fmt: skip
+MAX_EXTENSIONS = 3
+
+
+def _best(losses: dict[str, list[float]]) -> float:
+    """The multiplier of lowest mean loss over seeds (keys are multipliers as text)."""
+    return float(min(losses, key=lambda m: sum(losses[m]) / len(losses[m])))
+
+
+def check_grid(root: Path, out: Path) -> dict:
+    """Every arm on its grid, in every family, on every seed; ``out`` rewritten after every
+    run and read back first, so an interrupted check resumes where it stopped."""
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result.update({"setting": "scale=tiny_table (make reproduce-table)", "seeds": list(SEEDS),
+                   "metric": "last validation loss of the pretrain stage",
+                   "multiplier": "x the setting's lr (optimizer.lr_multiplier)"})  # fmt: skip
+    arms = result.setdefault("families", {})
+    for family in EXPERIMENTS:
+        for variant, first in GRID.items():
+            losses = arms.setdefault(family, {}).setdefault(variant, {}).setdefault("losses", {})
+            grid = sorted({*first, *map(float, losses)})
+            for _ in range(MAX_EXTENSIONS + 1):
+                for m in grid:
+                    for seed in SEEDS[len(losses.get(f"{m:g}", [])) :]:
+                        loss = _run(variant, family, m, seed, root, tag="-grid")
+                        losses.setdefault(f"{m:g}", []).append(loss)
+                        out.write_text(json.dumps(result, indent=1) + "\n")
+                        print(f"{family} {variant} x{m:g} seed {seed}: {loss:.4f}", flush=True)
+                best = _best(losses)
+                if grid[0] < best < grid[-1]:
+                    break
+                if best == grid[-1]:
+                    grid.append(best * 2)
+                else:
+                    grid.insert(0, best / 2)
+            arms[family][variant]["best"] = _best(losses)
+            arms[family][variant]["closed"] = (
+                min(map(float, losses)) < _best(losses) < max(map(float, losses))
+            )
+        fam = arms[family]
+        for variant in ("scape90", "scape99"):
+            fam[variant]["over_adams"] = fam[variant]["best"] / fam["adams"]["best"]
+            fam[variant]["over_adamw"] = fam[variant]["best"] / fam["adamw"]["best"]
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--recipe", type=Path, default=Path("results/quality/recipe.json"))
     p.add_argument("--out", type=Path, default=Path("results/quality/transfer_check.json"))
     p.add_argument("--runs", type=Path, default=Path("outputs/transfer_check"))
     p.add_argument("--ramp", action="store_true", help="the density ramp's check instead")
+    p.add_argument("--grid", action="store_true",
+                   help="every arm on a closed multiplier grid (results/early_gap/transfer_grid.json)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.grid:
+        out = Path("results/early_gap/transfer_grid.json")
+        check_grid(args.runs.with_name("transfer_grid"), out)
+        print(f"wrote {out}")
+        return 0
     if args.ramp:
         out = args.out.with_name("ramp_transfer.json")
         out.write_text(json.dumps(check_ramp(args.runs), indent=1) + "\n")

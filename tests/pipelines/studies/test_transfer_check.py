@@ -40,3 +40,32 @@ def test_the_rule_check_runs_the_shipped_config_of_a_study_variant(monkeypatch, 
     # the study's scape99_ramp is what users run as optimizer=scape99; x1 families need no check
     assert {c[:2] for c in calls} == {("scape99", "llama")}
     assert out["checks"]["scape99_ramp"]["llama"]["holds"]
+
+
+def test_the_grid_check_extends_an_edge_best_until_closed_and_resumes(monkeypatch, tmp_path: Path):
+    import json
+    import math
+
+    best = {"adams": 0.125, "adamw": 1.0, "scape90": 8.0, "scape99": 2.0}  # two off the grid
+    calls = []
+
+    def fake_run(variant, family, multiplier, seed, root, extra=(), tag=""):
+        calls.append((variant, family, multiplier, seed))
+        return 4.0 + math.log2(multiplier / best[variant]) ** 2 + 0.001 * (seed - 1234)
+
+    monkeypatch.setattr(transfer_check, "_run", fake_run)
+    out_path = tmp_path / "grid.json"
+    out = transfer_check.check_grid(tmp_path, out_path)
+    for family in transfer_check.EXPERIMENTS:
+        fam = out["families"][family]
+        assert {v: fam[v]["best"] for v in best} == best
+        assert all(fam[v]["closed"] for v in best)
+        assert fam["scape90"]["over_adams"] == 64.0 and fam["scape90"]["over_adamw"] == 8.0
+        # every multiplier run on every seed, none twice
+        assert all(len(x) == len(transfer_check.SEEDS) for x in fam["adams"]["losses"].values())
+    assert len(calls) == len(set(calls))
+    assert json.loads(out_path.read_text()) == out
+    # a second call finds every run in the file and makes none
+    calls.clear()
+    transfer_check.check_grid(tmp_path, out_path)
+    assert calls == []
