@@ -180,9 +180,11 @@ quality-replay-host: $(STAMP)
 # Does the recipe's per-family lr rule hold where users meet it (make reproduce-table's setting,
 # 2 seeds, x1 against the rule)? Writes results/quality/transfer_check.json (minutes), which
 # make quality-report carries to recipe.json and the configs' test. RAMP=1: the density ramp's
-# check (SCAPE-99 with and without it there; results/quality/ramp_transfer.json).
+# check (SCAPE-99 with and without it there; results/quality/ramp_transfer.json). GRID=1: every
+# arm on a closed multiplier grid there, on its corpus (results/early_gap/transfer_grid.json,
+# ~1 h on 2 cores, resumes).
 quality-transfer: $(STAMP)
-	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp --runs outputs/ramp_transfer)
+	$(PY) -m pipelines.studies.transfer_check $(if $(filter 1,$(RAMP)),--ramp --runs outputs/ramp_transfer) $(if $(filter 1,$(GRID)),--grid)
 
 # Does the verdict carry over to what users run? The finalists at 300 steps, 3 seeds, on the
 # study's path and on a user's train.engine=simulator path (Megatron's layout, scheduler and
