@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.studies import noise_floor
+from pipelines.studies import noise_floor, transfer_check
 from pipelines.studies.protocol import code_version
 from pipelines.studies.report_prose import update_block
 from pipelines.studies.report_shipped import Target, curve_points, steps_to_target
@@ -492,7 +492,32 @@ def report(out: Path, code: str | None = None, data: str = DATA,
     for steps in horizons:
         plot(index, models, steps, out / f"early_gap_{steps}.png")
     plot_shipped_curves(index, models, out / "shipped_curves.png")
+    grid = out / "transfer_grid.json"
+    if grid.exists():  # make quality-transfer GRID=1: the multipliers where users meet them
+        update_block(readme, transfer_check.grid_text(json.loads(grid.read_text()),
+                                                      study_ratios(index)), "transfer-grid")  # fmt: skip
     return block
+
+
+def study_ratios(index: RunIndex, steps: int | None = None) -> dict[str, dict[str, float]]:
+    """Per model: each shipped SCAPE config's best lr here over dense AdamS's chosen one, at
+    the shortest horizon (its runs' mean final validation loss over every multiplier run)."""
+    steps = steps or min(_horizons(index))
+    out: dict[str, dict[str, float]] = {}
+    for model in _models(index):
+        adams = index.lr_choice(model, REFERENCE, steps)
+        if adams is None:
+            continue
+        for config, variant in (("scape90", "scape90"), ("scape99", "scape99_ramp")):
+            means = {}
+            for lr in {k.lr_scale for k in index.runs
+                       if (k.model, k.variant, k.steps) == (model, variant, steps)}:  # fmt: skip
+                vals = [index.runs[RunKey(model, variant, steps, lr, s)].final["final_val_loss"]
+                        for s in index.seeds(model, variant, steps, lr)]  # fmt: skip
+                means[lr] = statistics.fmean(vals)
+            if means:
+                out.setdefault(model, {})[config] = min(means, key=means.get) / adams.lr
+    return out
 
 
 def _study(model: str, steps: int, seeds: list[int], out: Path, data: str,

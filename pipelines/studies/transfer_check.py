@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pipelines.studies.report_stats import SHIPPED_CONFIGS
 
-__all__ = ["EXPERIMENTS", "GRID", "NO_RAMP", "RAMP", "SEEDS", "check", "check_grid", "check_ramp",
+__all__ = ["EXPERIMENTS", "GRID", "NO_RAMP", "RAMP", "SEEDS", "check", "check_grid", "check_ramp", "grid_text",
            "holds"]  # fmt: skip
 
 EXPERIMENTS = {"llama": "llama500m_slimpj_quality", "gpt": "gpt345m_owt_quality"}
@@ -148,6 +148,42 @@ def check_grid(root: Path, out: Path) -> dict:
             fam[variant]["over_adamw"] = fam[variant]["best"] / fam["adamw"]["best"]
         out.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def grid_text(grid: dict, study_ratios: dict[str, dict[str, float]] | None = None) -> str:
+    """The grid check as a table (mean loss over seeds per multiplier, the best in bold) and one
+    sentence per SCAPE arm: its best multiplier over dense AdamS's and AdamW's, beside the
+    study's (``study_ratios[family][variant]``: SCAPE's best lr over dense AdamS's there)."""
+    rows = ["| family | arm | loss at each multiplier (x the setting's lr) | best | over AdamS's "
+            "| over AdamW's |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for family, arms in grid.get("families", {}).items():
+        for variant, entry in arms.items():
+            losses = entry["losses"]
+            if not losses:
+                continue
+            best = _best(losses)
+            cells = ", ".join(
+                (f"**x{m:g} {mean:.3f}**" if m == best else f"x{m:g} {mean:.3f}")
+                + ("" if len(losses[key]) == len(grid["seeds"]) else f" (n={len(losses[key])})")
+                for key in sorted(losses, key=float)
+                for m, mean in [(float(key), sum(losses[key]) / len(losses[key]))]
+            )  # fmt: skip
+            closed = "" if entry.get("closed", True) else " (grid open)"
+            ratio = [f"x{entry[k]:g}" if k in entry else "-" for k in ("over_adams", "over_adamw")]
+            rows.append(f"| {family} | {variant} | {cells} | x{best:g}{closed} | {ratio[0]} | "
+                        f"{ratio[1]} |")  # fmt: skip
+    notes = []
+    for family, ratios in (study_ratios or {}).items():
+        for variant, ratio in ratios.items():
+            here = grid.get("families", {}).get(family, {}).get(variant, {}).get("over_adams")
+            if here is not None:
+                notes.append(f"{variant} on {family}: x{here:g} dense AdamS's best here, "
+                             f"x{ratio:g} in the study's setting")  # fmt: skip
+    return ("\n".join(rows) + f"\n\n{grid.get('metric', '')}, mean over seeds "
+            f"{', '.join(map(str, grid.get('seeds', [])))}; {grid.get('setting', '')}; the SCAPE "
+            "arms are the configs as shipped but for the multiplier"
+            + (". SCAPE's best lr over dense AdamS's: " + "; ".join(notes) if notes else "")
+            + ".")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

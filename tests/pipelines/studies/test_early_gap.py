@@ -162,3 +162,13 @@ def test_steps_to_adamws_loss_are_read_off_the_longer_run_where_the_horizons_fal
     assert arm.target.ratio == pytest.approx(2.0) and arm.target.read_at == 200
     short = arm_result(RunIndex(_runs()), BY_NAME["scape90"], "llama", 100)
     assert short.target.ratio is None  # its own 4.0 never reaches 3.9, and no longer run
+
+
+def test_scapes_best_lr_over_adams_is_read_on_validation_over_every_multiplier_run():
+    from pipelines.studies.early_gap import study_ratios
+
+    runs = _runs()
+    for seed in (0, 1, 2):  # x4 beats x1 on validation though not on test
+        runs.append(_run("llama", "scape90", 4.0, seed, 3.9, 4.5))
+    ratios = study_ratios(RunIndex(runs))
+    assert ratios["llama"] == {"scape90": 4.0, "scape99": 2.0}

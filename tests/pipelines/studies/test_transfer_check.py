@@ -69,3 +69,14 @@ def test_the_grid_check_extends_an_edge_best_until_closed_and_resumes(monkeypatc
     calls.clear()
     transfer_check.check_grid(tmp_path, out_path)
     assert calls == []
+
+
+def test_the_grid_text_marks_each_best_and_sets_the_ratio_beside_the_studys():
+    grid = {"seeds": [1, 2], "metric": "m", "setting": "s", "families": {"llama": {
+        "adams": {"losses": {"0.5": [3.0, 3.2], "1": [3.5, 3.5]}, "best": 0.5, "closed": True},
+        "scape90": {"losses": {"1": [3.4, 3.4], "2": [3.3, 3.3], "4": [3.6]}, "best": 2.0,
+                    "closed": True, "over_adams": 4.0, "over_adamw": 2.0}}}}  # fmt: skip
+    text = transfer_check.grid_text(grid, {"llama": {"scape90": 1.0}})
+    assert "| llama | scape90 | x1 3.400, **x2 3.300**, x4 3.600 (n=1) | x2 | x4 | x2 |" in text
+    assert "**x0.5 3.100**" in text
+    assert "scape90 on llama: x4 dense AdamS's best here, x1 in the study's setting" in text
