@@ -1,7 +1,7 @@
 """The dense-parameter probe's runs (run.sh) against the early-gap study's, paired by seed.
 
 Each probe's final test loss over SCAPE-90 x4's (the same arm with every parameter sparse),
-dense AdamS's and dense AdamW's (results/early_gap/runs, 400 steps), with the bytes that
+dense AdamS's and dense AdamW's (results/early_gap/runs, at the probe's horizon), with the bytes that
 sending those parameters apart costs (their share of the model, from run.sh's copy of the
 probe's ``DIAG`` lines), and the word embedding's share of the paper's models as the
 reference assumes them. Writes probe.json beside this file and the ``probe`` block of
@@ -24,7 +24,6 @@ from pipelines.studies.run_store import run_texts
 
 HERE = Path(__file__).resolve().parent
 STUDY = HERE.parent
-STEPS = 400
 DENSITY = 0.1  # SCAPE-90's
 
 # The paper's models as the reference assumes them (layers, hidden, ffn, vocab padded, tied):
@@ -53,13 +52,15 @@ def bytes_ratio(share: float, density: float, share_density: float = 1.0) -> flo
     return (share * share_density + (1.0 - share) * density) / density
 
 
-def _finals(folder: Path) -> dict[tuple[str, int], float]:
+def _finals(folder: Path) -> dict[tuple[str, int, int], float]:
+    """``(model, steps, seed) -> final test loss`` of the probe's stored runs."""
     out = {}
     for _name, text in run_texts(folder / "runs"):
         lines = [json.loads(line) for line in text.splitlines() if line.strip()]
         final = [x for x in lines if x.get("event") == "final"]
         if final:
-            out[(lines[0]["model"], lines[0]["seed"])] = float(final[0]["final_test_loss"])
+            head = lines[0]
+            out[(head["model"], head["steps"], head["seed"])] = float(final[0]["final_test_loss"])
     return out
 
 
@@ -74,6 +75,12 @@ def _probe(out: Path, name: str) -> dict:
             "k": int(k[1]) if k else None, "names": text.split("]", 1)[0]}  # fmt: skip
 
 
+def _order(row: str) -> tuple[int, str]:
+    """Table rows by horizon, then as written (model, what was sent apart)."""
+    steps = row.split("|")[1].strip().replace(",", "")
+    return int(steps), row
+
+
 def main(out: Path) -> int:
     index = RunIndex.load(STUDY, None)
     rows, lines = {}, []
@@ -81,14 +88,14 @@ def main(out: Path) -> int:
         finals = _finals(folder)
         if not finals:
             continue
-        model = next(iter(finals))[0]
-        adams = index.lr_choice(model, "adams", STEPS)
+        model, steps, _ = next(iter(finals))
+        adams = index.lr_choice(model, "adams", steps)
         refs = {"scape90_x4": ("scape90", 4.0 * adams.lr), "adams": ("adams", adams.lr),
-                "adamw": ("adamw", index.lr_choice(model, "adamw", STEPS).lr)}  # fmt: skip
+                "adamw": ("adamw", index.lr_choice(model, "adamw", steps).lr)}  # fmt: skip
         gaps: dict[str, list[float]] = {name: [] for name in refs}
-        for (_, seed), loss in sorted(finals.items()):
+        for (_, _, seed), loss in sorted(finals.items()):
             for name, (variant, lr) in refs.items():
-                ref = index.runs[RunKey(model, variant, STEPS, lr, seed)].final["final_test_loss"]
+                ref = index.runs[RunKey(model, variant, steps, lr, seed)].final["final_test_loss"]
                 gaps[name].append(100.0 * (loss - ref) / ref)
         probe = _probe(out, folder.name)
         share, k = probe["share"], probe["k"]
@@ -100,7 +107,7 @@ def main(out: Path) -> int:
         what = " and ".join(label for key, label in PARTS if key in probe["names"])
         sent = "whole" if k is None else f"at {k} of 100"
         cells = [f"{statistics.fmean(v):+.1f} ± {statistics.stdev(v):.1f}%" for v in gaps.values()]
-        lines.append(f"| {model} | {what}, {sent} | {'-' if share is None else f'{100 * share:.1f}%'} "
+        lines.append(f"| {steps:,} | {model} | {what}, {sent} | {'-' if share is None else f'{100 * share:.1f}%'} "
                      f"| {'-' if priced is None else f'x{priced:.2f}'} | {' | '.join(cells)} |")  # fmt: skip
     shares = []
     for model, shape in SHAPES.items():
@@ -111,9 +118,9 @@ def main(out: Path) -> int:
     (HERE / "probe.json").write_text(json.dumps(rows, indent=1) + "\n")
     n = min(len(v["adams"]) for v in rows.values() if "adams" in v)
     block = "\n".join([
-        "| model | sent apart | share of params | bytes x constant | vs SCAPE-90 x4 | vs dense AdamS "
-        "| vs dense AdamW |", "| --- | --- | --- | --- | --- | --- | --- |", *lines, "",
-        f"Final test loss, paired over {n} seeds (mean ± sd), 400 steps, SCAPE-90 at x4 dense "
+        "| steps | model | sent apart | share of params | bytes x constant | vs SCAPE-90 x4 | vs dense AdamS "
+        "| vs dense AdamW |", "| --- | --- | --- | --- | --- | --- | --- | --- |", *sorted(lines, key=_order), "",
+        f"Final test loss, paired over {n} seeds (mean ± sd), SCAPE-90 at x4 dense "
         "AdamS's lr with the named parameters in a bucket sent whole (or at k of 100) every step; "
         "`bash results/early_gap/probe/run.sh` (a patch on a scratch worktree, not a library "
         "option). The word embedding's share at the paper's scale (the reference's assumed "
