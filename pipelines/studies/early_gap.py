@@ -39,6 +39,7 @@ from pipelines.studies import noise_floor, transfer_check
 from pipelines.studies.protocol import code_version
 from pipelines.studies.report_prose import update_block
 from pipelines.studies.report_shipped import Target, curve_points, steps_to_target
+from pipelines.studies.report_stats import SHIPPED_CONFIGS
 from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey, RunLog
 
 __all__ = ["CANDIDATES", "GOAL", "Arm", "Candidate", "arm_result", "main", "report", "verdict_text"]
@@ -501,22 +502,15 @@ def report(out: Path, code: str | None = None, data: str = DATA,
 
 def study_ratios(index: RunIndex, steps: int | None = None) -> dict[str, dict[str, float]]:
     """Per model: each shipped SCAPE config's best lr here over dense AdamS's chosen one, at
-    the shortest horizon (its runs' mean final validation loss over every multiplier run)."""
+    the shortest horizon (the protocol's choice over every multiplier its variant ran)."""
     steps = steps or min(_horizons(index))
     out: dict[str, dict[str, float]] = {}
     for model in _models(index):
-        adams = index.lr_choice(model, REFERENCE, steps)
-        if adams is None:
-            continue
-        for config, variant in (("scape90", "scape90"), ("scape99", "scape99_ramp")):
-            means = {}
-            for lr in {k.lr_scale for k in index.runs
-                       if (k.model, k.variant, k.steps) == (model, variant, steps)}:  # fmt: skip
-                vals = [index.runs[RunKey(model, variant, steps, lr, s)].final["final_val_loss"]
-                        for s in index.seeds(model, variant, steps, lr)]  # fmt: skip
-                means[lr] = statistics.fmean(vals)
-            if means:
-                out.setdefault(model, {})[config] = min(means, key=means.get) / adams.lr
+        adams = index.best_lr(model, REFERENCE, steps)
+        for variant, config in SHIPPED_CONFIGS.items():
+            best = index.best_lr(model, variant, steps)
+            if adams is not None and best is not None:
+                out.setdefault(model, {})[config] = best / adams
     return out
 
 

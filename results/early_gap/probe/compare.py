@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 from pipelines.studies.report_prose import update_block
-from pipelines.studies.run_index import RunIndex, RunKey
-from pipelines.studies.run_store import run_texts
+from pipelines.studies.run_index import RunIndex, RunKey, load_runs
 
 HERE = Path(__file__).resolve().parent
 STUDY = HERE.parent
@@ -54,14 +53,8 @@ def bytes_ratio(share: float, density: float, share_density: float = 1.0) -> flo
 
 def _finals(folder: Path) -> dict[tuple[str, int, int], float]:
     """``(model, steps, seed) -> final test loss`` of the probe's stored runs."""
-    out = {}
-    for _name, text in run_texts(folder / "runs"):
-        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-        final = [x for x in lines if x.get("event") == "final"]
-        if final:
-            head = lines[0]
-            out[(head["model"], head["steps"], head["seed"])] = float(final[0]["final_test_loss"])
-    return out
+    return {(r.header["model"], r.header["steps"], r.header["seed"]): float(r.final["final_test_loss"])
+            for r in load_runs(folder / "runs")}  # fmt: skip
 
 
 def _probe(out: Path, name: str) -> dict:
