@@ -51,10 +51,13 @@ def bytes_ratio(share: float, density: float, share_density: float = 1.0) -> flo
     return (share * share_density + (1.0 - share) * density) / density
 
 
-def _finals(folder: Path) -> dict[tuple[str, int, int], float]:
-    """``(model, steps, seed) -> final test loss`` of the probe's stored runs."""
-    return {(r.header["model"], r.header["steps"], r.header["seed"]): float(r.final["final_test_loss"])
-            for r in load_runs(folder / "runs")}  # fmt: skip
+def _finals(folder: Path) -> tuple[dict[tuple[str, int, int], float], set[str]]:
+    """``(model, steps, seed) -> final test loss`` of the probe's stored runs, and the code
+    versions (the patched step's) that made them."""
+    runs = load_runs(folder / "runs")
+    finals = {(r.header["model"], r.header["steps"], r.header["seed"]):
+              float(r.final["final_test_loss"]) for r in runs}  # fmt: skip
+    return finals, {str((r.header.get("code") or {}).get("step_code")) for r in runs}
 
 
 def _probe(out: Path, name: str) -> dict:
@@ -76,9 +79,10 @@ def _order(row: str) -> tuple[int, str]:
 
 def main(out: Path) -> int:
     index = RunIndex.load(STUDY, None)
-    rows, lines = {}, []
+    rows, lines, versions = {}, [], set()
     for folder in sorted(p for p in out.iterdir() if p.is_dir()):
-        finals = _finals(folder)
+        finals, made_by = _finals(folder)
+        versions |= made_by
         if not finals:
             continue
         model, steps, _ = next(iter(finals))
@@ -117,7 +121,9 @@ def main(out: Path) -> int:
         "AdamS's lr with the named parameters in a bucket sent whole (or at k of 100) every step; "
         "`bash results/early_gap/probe/run.sh` (a patch on a scratch worktree, not a library "
         "option). The word embedding's share at the paper's scale (the reference's assumed "
-        "shapes): " + "; ".join(shares) + ".",
+        "shapes): " + "; ".join(shares) + f". Probe runs of the patched code versions "
+        f"{', '.join(f'`{v}`' for v in sorted(versions))} (the same arithmetic: the later adds "
+        f"only the k of 100), paired with the study's runs of `{index.code}`.",
     ])  # fmt: skip
     update_block(STUDY / "README.md", block, "probe")
     print(block)
