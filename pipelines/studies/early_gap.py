@@ -330,9 +330,10 @@ SHIPPED = {c.sparsity: c for c in CANDIDATES if c.shipped}  # "90%": SCAPE-90 as
 
 
 def _cell(gaps: list[float], spread: float | None) -> str:
-    """``+2.3 ± 3.8% behind`` (n shown below the protocol's 3 seeds)."""
+    """``+2.3 ± 3.8% behind`` (n shown below the protocol's 3 seeds; one seed has no sd, so
+    no standing either)."""
     if len(gaps) < 2:
-        return _fmt(gaps)
+        return f"{gaps[0]:+.1f}% (n=1)" if gaps else "-"
     n = "" if len(gaps) >= 3 else f" (n={len(gaps)})"
     return (f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}%{n} "
             f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
@@ -372,10 +373,10 @@ def verdict_text(index: RunIndex, models: list[str], spread: float | None,
             f"Final loss on the held-out *test* split of `{Path(data).name}` (no run reads a "
             "train token twice), paired over 3 seeds (n shown when fewer), mean ± sd. SCAPE-90 / "
             f"SCAPE-99 exactly as `optimizer=scape90|scape99` ship (x{s90.multiplier:g} / "
-            f"x{s99.multiplier:g} dense AdamS's lr, SCAPE-99 with its ramp); dense AdamS and AdamW "
-            "at the lr of their grids, closed on *validation*. Steps to AdamW's loss: a ratio to "
+            f"x{s99.multiplier:g} dense AdamS's lr; SCAPE-99 with its ramp); dense AdamS and "
+            "AdamW at their grids' lr, closed on *validation*. Steps to AdamW's loss: a ratio to "
             "the horizon (> 1: not reached; *: read off a longer run). "
-            f"{floor_sentence} Tiny models on CPU. Runs of code version `{index.code}`.")  # fmt: skip
+            f"{floor_sentence} Tiny models on CPU; code version `{index.code}`.")  # fmt: skip
 
 
 def plot_shipped_curves(index: RunIndex, models: list[str], path: Path) -> None:

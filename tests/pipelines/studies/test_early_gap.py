@@ -144,6 +144,25 @@ def test_the_verdict_names_where_each_shipped_arm_stands_and_the_readme_gets_it(
     assert (tmp_path / "out" / "shipped_curves.png").stat().st_size > 0
 
 
+def test_a_verdict_cell_short_of_the_protocols_seeds_says_how_many_it_has():
+    from pipelines.studies.early_gap import verdict_text
+
+    # a longer horizon still running: seed 0 at 200 steps, and seed 1 of AdamW's grid
+    runs = _runs()
+    for seed in (0, 1):
+        runs += [_run("llama", "adamw", lr, seed, val, 4.0, steps=200)
+                 for lr, val in ((0.5, 4.1), (1.0, 3.9), (2.0, 4.2))]  # fmt: skip
+    runs += [_run("llama", "adams", lr, 0, val, 4.1, steps=200)
+             for lr, val in ((0.5, 4.3), (1.0, 4.0), (2.0, 4.1))]  # fmt: skip
+    runs.append(_run("llama", "scape90", 1.0, 0, 4.0, 4.04, steps=200))
+    row = next(r for r in verdict_text(RunIndex(runs), ["llama"], None, "F.").splitlines()
+               if r.startswith("| 200 |"))  # fmt: skip
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # AdamS vs AdamW, SCAPE-90 vs AdamW and vs AdamS: one seed each, no sd and no standing
+    assert cells[2:5] == ["+2.5% (n=1)", "+1.0% (n=1)", "-1.5% (n=1)"]
+    assert cells[5:7] == ["-", "-"]  # SCAPE-99 has not run at 200 steps
+
+
 def test_a_rerun_needs_stored_runs_first(tmp_path):
     from pipelines.studies.early_gap import rerun
 
