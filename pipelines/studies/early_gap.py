@@ -209,11 +209,11 @@ def arm_result(index: RunIndex, candidate: Candidate, model: str, steps: int) ->
 
 def _fmt(gaps: list[float], spread: float | None = None) -> str:
     """``+2.3 ± 3.8% (n=3), level``: mean ± sd over seeds, and where it stands
-    (:func:`noise_floor.standing`; no word for one seed)."""
+    (:func:`noise_floor.standing`; one seed has no sd, so no word either)."""
     if not gaps:
         return "-"
     if len(gaps) == 1:
-        return f"{gaps[0]:+.1f}%"
+        return f"{gaps[0]:+.1f}% (n=1)"
     return (f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}% (n={len(gaps)}), "
             f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
 
@@ -333,7 +333,7 @@ def _cell(gaps: list[float], spread: float | None) -> str:
     """``+2.3 ± 3.8% behind`` (n shown below the protocol's 3 seeds; one seed has no sd, so
     no standing either)."""
     if len(gaps) < 2:
-        return f"{gaps[0]:+.1f}% (n=1)" if gaps else "-"
+        return _fmt(gaps)
     n = "" if len(gaps) >= 3 else f" (n={len(gaps)})"
     return (f"{statistics.fmean(gaps):+.1f} ± {statistics.stdev(gaps):.1f}%{n} "
             f"{noise_floor.standing(gaps, spread)}")  # fmt: skip
