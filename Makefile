@@ -278,9 +278,10 @@ corpus-large: $(STAMP)
 # with closed lr grids, each SCAPE arm at its multiplier x dense AdamS's chosen lr, 3 seeds,
 # lr chosen on validation and every gap read on test (pipelines/studies/early_gap.py).
 # EARLY_STEPS=400 is ~75 runs of ~75 s on 2 cores (~50 min); resumes. Writes results/early_gap/.
-# EARLY_STEPS=10000 ARGS="--seeds 0 --arms scape90 scape99" is one seed of the verdict's
-# longest horizon (dense grids and the shipped arms, ~8 runs a model of ~9 min, ~75 min); a
-# killed run resumes from its 5-minute checkpoint, so a seed at a time fits a session.
+# EARLY_STEPS=10000 ARGS="--seeds <s> --models <model> --arms scape90 scape99" is one seed of
+# one model at the verdict's longest horizon (dense grids, then the shipped arms: ~8 runs of
+# ~8 min); a killed run resumes from its 5-minute checkpoint. Commit a seed only when all its
+# runs are in: a grid with some of a seed's lrs reads as open (protocol.choose_lr).
 # ARGS=--rerun makes the shortest horizon's seed-0 dense and shipped runs again (the noise
 # floor, results/early_gap/reruns/); ARGS="--arms scape90 scape99": the shipped arms only.
 EARLY_STEPS ?= 400
