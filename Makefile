@@ -282,6 +282,8 @@ corpus-large: $(STAMP)
 # one model at the verdict's longest horizon (dense grids, then the shipped arms: ~8 runs of
 # ~8 min); a killed run resumes from its 5-minute checkpoint. Commit a seed only when all its
 # runs are in: a grid with some of a seed's lrs reads as open (protocol.choose_lr).
+# ARGS=--jobs N caps the study processes at a time (default: every core; dense AdamW's grid
+# and each SCAPE arm run beside dense AdamS's grid, the arms once it has closed).
 # ARGS=--rerun makes the shortest horizon's seed-0 dense and shipped runs again (the noise
 # floor, results/early_gap/reruns/); ARGS="--arms scape90 scape99": the shipped arms only.
 EARLY_STEPS ?= 400

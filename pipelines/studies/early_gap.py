@@ -13,7 +13,7 @@ sparsity (the one dense first step at dense AdamS's logged bytes, the rest at th
 logged step's). The goal (issue 52): SCAPE-90 within +1% and SCAPE-99 within +3% of dense
 AdamW, at most x1.5 a constant run's bytes.
 
-Runs go through ``python -m pipelines.quality_study`` (one process per model at a time) into
+Runs go through ``python -m pipelines.quality_study`` (``--jobs`` processes at a time) into
 ``<out>/runs/<code version>/`` and resume; ``--rerun`` makes the shipped and dense arms' seed-0
 runs of the shortest horizon again into ``<out>/reruns/`` (the noise floor,
 :mod:`pipelines.studies.noise_floor`); ``--report-only`` rewrites ``<out>/README.md``'s blocks
@@ -30,9 +30,11 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from pipelines.studies import noise_floor, transfer_check
@@ -531,10 +533,18 @@ def _study(model: str, steps: int, seeds: list[int], out: Path, data: str,
         raise SystemExit(f"{model}: the study process failed (exit {code}); rerun to resume")
 
 
+def _all_at_once(work: list[Callable[[], None]]) -> None:
+    """Every item of ``work`` in a thread of its own, waited for; the first failure re-raised
+    once all have ended (a failed item stops none of the others: each resumes on a rerun)."""
+    with ThreadPoolExecutor(max(len(work), 1)) as pool:
+        futures = [pool.submit(item) for item in work]
+    for future in futures:
+        future.result()
+
+
 def _each_model(models: list[str], work: Callable[[str], None]) -> None:
     """``work(model)`` for every model at once (one process each: 2 cores, 2 models)."""
-    with ThreadPoolExecutor(len(models)) as pool:
-        list(pool.map(work, models))
+    _all_at_once([partial(work, model) for model in models])
 
 
 def dense_grid(index: RunIndex, model: str, variant: str, steps: int) -> list[float]:
@@ -549,9 +559,15 @@ def dense_grid(index: RunIndex, model: str, variant: str, steps: int) -> list[fl
 
 
 def run(steps: int, seeds: list[int], out: Path, data: str, models: list[str],
-        arms: list[str] | None = None) -> None:  # fmt: skip
+        arms: list[str] | None = None, jobs: int = 2) -> None:  # fmt: skip
     """The dense grids, then every candidate (those named in ``arms``; None: all) at its
-    multiplier x dense AdamS's chosen lr."""
+    multiplier x dense AdamS's chosen lr, at most ``jobs`` study processes at a time.
+
+    Only the candidates wait, and only for their model's AdamS grid: dense AdamW's grid, the
+    other model's work and the candidates' variants (each a process of its own) run beside
+    it, so no core idles while work that could run is waiting."""
+    if jobs < 1:
+        raise SystemExit(f"--jobs {jobs}: must be at least 1 (one study process per core)")
     if not (REPO / data / "metadata.json").exists():
         raise SystemExit(f"{data}: not prepared; run `make corpus-large` first")
     code = str(code_version(REPO)["step_code"])
@@ -560,27 +576,29 @@ def run(steps: int, seeds: list[int], out: Path, data: str, models: list[str],
         raise SystemExit(f"--arms {' '.join(unknown)}: not a candidate; use any of "
                          + " ".join(c.name for c in CANDIDATES))  # fmt: skip
     before = RunIndex.load(out, code)
+    slots = threading.BoundedSemaphore(jobs)
 
-    def dense(model: str) -> None:
-        for variant in (REFERENCE, ADAMW):
-            grid = dense_grid(before, model, variant, steps)
-            _study(model, steps, seeds, out, data, [variant], grid, 4)
+    def study(model: str, variant: str, lrs: list[float], close_grids: int) -> None:
+        with slots:  # one core per study process
+            _study(model, steps, seeds, out, data, [variant], lrs, close_grids)
 
-    _each_model(models, dense)
-    index = RunIndex.load(out, code)
-
-    def candidates(model: str) -> None:
-        choice = index.lr_choice(model, REFERENCE, steps)
+    def adams_then_candidates(model: str) -> None:
+        study(model, REFERENCE, dense_grid(before, model, REFERENCE, steps), 4)
+        choice = RunIndex.load(out, code).lr_choice(model, REFERENCE, steps)
         if choice is None or not choice.closed:
             raise SystemExit(f"{model}: dense AdamS's lr grid at {steps} steps is not closed")
         lrs: dict[str, list[float]] = {}
         for c in CANDIDATES:
             if arms is None or c.name in arms:
                 lrs.setdefault(c.variant, []).append(c.multiplier * choice.lr)
-        for variant, at in lrs.items():
-            _study(model, steps, seeds, out, data, [variant], at, 0)
+        _all_at_once([partial(study, model, variant, at, 0) for variant, at in lrs.items()])
 
-    _each_model(models, candidates)
+    def adamw(model: str) -> None:
+        study(model, ADAMW, dense_grid(before, model, ADAMW, steps), 4)
+
+    # AdamS's grids first: while they run, the candidates that wait on them cannot start
+    _all_at_once([partial(adams_then_candidates, m) for m in models]
+                 + [partial(adamw, m) for m in models])  # fmt: skip
 
 
 def rerun(out: Path, data: str, models: list[str], seed: int = 0) -> None:
@@ -609,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["llama", "gpt"])
     parser.add_argument("--out", type=Path, default=REPO / "results" / "early_gap")
     parser.add_argument("--data", default=DATA)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="study processes at a time, one core each (default: every core)")  # fmt: skip
     parser.add_argument("--arms", nargs="+", default=None,
                         help="candidates to run (default: all): "
                         + " ".join(c.name for c in CANDIDATES))  # fmt: skip
@@ -620,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerun:
         rerun(args.out, args.data, args.models)
     elif not args.report_only:
-        run(args.steps, args.seeds, args.out, args.data, args.models, args.arms)
+        run(args.steps, args.seeds, args.out, args.data, args.models, args.arms, args.jobs)
     committed = args.out.resolve() == (REPO / "results" / "early_gap").resolve()
     print(
         report(args.out, data=args.data, verdict_readme=REPO / "README.md" if committed else None)

@@ -191,3 +191,44 @@ def test_scapes_best_lr_over_adams_is_read_on_validation_over_every_multiplier_r
         runs.append(_run("llama", "scape90", 4.0, seed, 3.9, 4.5))
     ratios = study_ratios(RunIndex(runs))
     assert ratios["llama"] == {"scape90": 4.0, "scape99": 2.0}
+
+
+def test_the_study_runs_adamws_grid_beside_adams_and_the_candidates_once_adams_closed(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    from pipelines.studies import early_gap
+
+    index = RunIndex(_runs())  # AdamS's grid closed at x1 (100 steps)
+    monkeypatch.setattr(RunIndex, "load", classmethod(lambda cls, out, code=None: index))
+    monkeypatch.setattr(early_gap, "code_version", lambda repo: {"step_code": "v"})
+    (tmp_path / "metadata.json").write_text("{}")
+    lock, running, events = threading.Lock(), [0], []
+    adamw_started = threading.Event()
+
+    def fake_study(model, steps, seeds, out, data, variants, lrs, close_grids):
+        with lock:
+            running[0] += 1
+            events.append(("start", variants[0], tuple(lrs), close_grids, running[0]))
+        if variants == ["adamw"]:
+            adamw_started.set()
+        if variants == ["adams"]:  # AdamW's grid must start while AdamS's still runs
+            assert adamw_started.wait(10), "AdamW's grid waited for AdamS's"
+        with lock:
+            running[0] -= 1
+            events.append(("end", variants[0]))
+
+    monkeypatch.setattr(early_gap, "_study", fake_study)
+    early_gap.run(100, [0, 1, 2], tmp_path, str(tmp_path), ["llama"], ["scape90", "scape99"],
+                  jobs=2)  # fmt: skip
+    starts = {e[1]: e for e in events if e[0] == "start"}
+    assert set(starts) == {"adams", "adamw", "scape90", "scape99_ramp"}  # one process each
+    assert starts["adams"][2:4] == ((0.5, 1.0, 2.0), 4) and starts["adamw"][3] == 4
+    # each SCAPE arm at its multiplier of AdamS's x1, with no grid of its own
+    assert starts["scape90"][2:4] == ((1.0,), 0) and starts["scape99_ramp"][2:4] == ((2.0,), 0)
+    assert max(e[4] for e in events if e[0] == "start") <= 2  # never more than --jobs
+    adams_end = events.index(("end", "adams"))
+    assert all(events.index(starts[v]) > adams_end for v in ("scape90", "scape99_ramp"))
+    with pytest.raises(SystemExit, match="--jobs 0: must be at least 1"):
+        early_gap.run(100, [0], tmp_path, str(tmp_path), ["llama"], jobs=0)
