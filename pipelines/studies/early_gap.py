@@ -548,10 +548,11 @@ def _each_model(models: list[str], work: Callable[[str], None]) -> None:
 
 
 def dense_grid(index: RunIndex, model: str, variant: str, steps: int) -> list[float]:
-    """x0.5, x1 and x2 of the lr chosen at the longest shorter horizon with a closed grid (the
-    grid then closes in fewer rounds); :data:`DENSE_GRID` where there is none."""
-    shorter = sorted({k.steps for k in index.runs if k.steps < steps}, reverse=True)
-    for h in shorter:
+    """x0.5, x1 and x2 of the lr chosen at this horizon on the seeds already run, else at the
+    longest shorter horizon, with a closed grid (the grid then closes in fewer rounds: a new
+    seed of a horizon starts where the others closed); :data:`DENSE_GRID` where there is none."""
+    horizons = sorted({k.steps for k in index.runs if k.steps <= steps}, reverse=True)
+    for h in horizons:
         choice = index.lr_choice(model, variant, h)
         if choice is not None and choice.closed:
             return [choice.lr / 2, choice.lr, choice.lr * 2]

@@ -91,7 +91,11 @@ def test_a_longer_horizons_dense_grid_centres_on_the_shorter_ones_choice():
 
     index = RunIndex(_runs())  # 100 steps: AdamS x1, AdamW x1, both closed
     assert dense_grid(index, "llama", "adams", 400) == [0.5, 1.0, 2.0]
-    assert dense_grid(index, "llama", "adams", 100) == list(DENSE_GRID)  # none shorter
+    assert dense_grid(index, "llama", "adams", 50) == list(DENSE_GRID)  # none as short
+    # a horizon's new seed centres on the choice its other seeds closed (x2 here)
+    same = [_run("llama", "adams", lr, 0, val, val, steps=400)
+            for lr, val in ((1.0, 4.3), (2.0, 4.0), (4.0, 4.2))]  # fmt: skip
+    assert dense_grid(RunIndex(_runs() + same), "llama", "adams", 400) == [1.0, 2.0, 4.0]
     shifted = [r for r in _runs() if not (r.header["variant"] == "adams"
                                           and r.header["lr_scale"] == 0.5)]  # fmt: skip
     # x0.5 gone: AdamS's choice x1 sits at the grid's edge (open): the default grid
