@@ -285,14 +285,15 @@ corpus-large: $(STAMP)
 # ARGS=--jobs N caps the study processes at a time (default: every core; dense AdamW's grid
 # and each SCAPE arm run beside dense AdamS's grid, the arms once it has closed).
 # ARGS=--rerun makes the shortest horizon's seed-0 dense and shipped runs again (the noise
-# floor, results/early_gap/reruns/); ARGS="--arms scape90 scape99": the shipped arms only.
+# floor: results/early_gap/reruns/<host class>/, one folder per CPU class, so each new class
+# adds to the floor); ARGS="--arms scape90 scape99": the shipped arms only.
 EARLY_STEPS ?= 400
 .PHONY: early-gap early-gap-report
 early-gap: corpus-large
 	$(PY) -m pipelines.studies.early_gap --steps $(EARLY_STEPS) $(ARGS)
 early-gap-report: $(STAMP)
 	$(PY) -m pipelines.studies.run_store results/early_gap/runs
-	@test ! -d results/early_gap/reruns/runs || $(PY) -m pipelines.studies.run_store results/early_gap/reruns/runs
+	@for d in results/early_gap/reruns/*/runs; do test ! -d $$d || $(PY) -m pipelines.studies.run_store $$d; done
 	$(PY) -m pipelines.studies.early_gap --report-only
 
 # The GPU queue's corpus (scripts/gpu_quality.sh): English documentation from Debian's package

@@ -15,7 +15,7 @@ AdamW, at most x1.5 a constant run's bytes.
 
 Runs go through ``python -m pipelines.quality_study`` (``--jobs`` processes at a time) into
 ``<out>/runs/<code version>/`` and resume; ``--rerun`` makes the shipped and dense arms' seed-0
-runs of the shortest horizon again into ``<out>/reruns/`` (the noise floor,
+runs of the shortest horizon again into ``<out>/reruns/<host class>/`` (the noise floor,
 :mod:`pipelines.studies.noise_floor`); ``--report-only`` rewrites ``<out>/README.md``'s blocks
 (the verdict of what ships, also the project README's, and the table), ``<out>/early_gap.json``,
 ``<out>/early_gap_<steps>.png`` and ``<out>/shipped_curves.png`` from the runs.
@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pipelines.studies.report_prose import update_block
 from pipelines.studies.report_shipped import Target, curve_points, steps_to_target
 from pipelines.studies.report_stats import SHIPPED_CONFIGS
 from pipelines.studies.run_index import REFERENCE, RunIndex, RunKey, RunLog
+from pipelines.training.provenance import cpu_name
 
 __all__ = ["CANDIDATES", "GOAL", "Arm", "Candidate", "arm_result", "main", "report", "verdict_text"]
 
@@ -50,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = "data/debian_docs_large__bytebpe1k"
 ADAMW = "adamw"
 DENSE_GRID = (0.5, 1.0, 2.0)
-RERUNS = "reruns"  # <out>/reruns/runs/<code version>/: same-config reruns (the noise floor)
+RERUNS = "reruns"  # <out>/reruns/<host class>/runs/<code version>/: the noise floor's reruns
 GOAL = {"90%": 1.0, "99%": 3.0}  # % over dense AdamW's test loss (issue 52, item 4)
 MAX_BYTES = 1.5  # x a constant run's
 
@@ -467,9 +469,7 @@ def report(out: Path, code: str | None = None, data: str = DATA,
     ``verdict_readme``), early_gap.json and the plots."""
     index = RunIndex.load(out, code)
     models, horizons = _models(index), _horizons(index)
-    again = out / RERUNS
-    found = (noise_floor.reruns(index, RunIndex.load(again, index.code))
-             if (again / "runs").is_dir() else [])  # fmt: skip
+    found = rerun_pairs(out, index)
     spread = noise_floor.host_spread(found)
     floor = noise_floor.floor_text(found, noise_floor.hosts(index))
     block = ("\n\n".join(summary_text(index, models, steps, spread) for steps in horizons)
@@ -602,21 +602,37 @@ def run(steps: int, seeds: list[int], out: Path, data: str, models: list[str],
                  + [partial(adamw, m) for m in models])  # fmt: skip
 
 
+def host_dir(cpu: str) -> str:
+    """The folder of one host class's reruns: ``AMD EPYC, AVX-512`` -> ``amd-epyc-avx-512``."""
+    return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "host-not-recorded"
+
+
+def rerun_pairs(out: Path, index: RunIndex) -> list[noise_floor.Rerun]:
+    """Every rerun under ``<out>/reruns/<host class>/`` paired with its stored twin in
+    ``index``: one host class's reruns beside another's, so the floor spans them all."""
+    found = []
+    for runs in sorted((out / RERUNS).glob("*/runs")):
+        found += noise_floor.reruns(index, RunIndex.load(runs.parent, index.code))
+    return found
+
+
 def rerun(out: Path, data: str, models: list[str], seed: int = 0) -> None:
-    """Make again, into ``<out>/reruns/``, the seed-``seed`` runs of the shortest horizon's
-    dense arms (each at its chosen lr) and shipped arms: the noise floor's reruns."""
+    """Make again, into ``<out>/reruns/<this host's class>/``, the seed-``seed`` runs of the
+    shortest horizon's dense arms (each at its chosen lr) and shipped arms: the noise floor's
+    reruns. Each host class keeps its own, so a rerun on a new class adds to the floor."""
     code = str(code_version(REPO)["step_code"])
     index = RunIndex.load(out, code)
     if not index.runs:
         raise SystemExit(f"{out}: no runs of code version {code} to rerun; run the study first")
     steps = min(_horizons(index))
+    again_dir = out / RERUNS / host_dir(cpu_name())
 
     def again(model: str) -> None:
         arms = [(v, index.best_lr(model, v, steps)) for v in (ADAMW, REFERENCE)]
         arms += [(c.variant, arm_result(index, c, model, steps).lr) for c in SHIPPED.values()]
         for variant, lr in arms:
             if lr is not None and seed in index.seeds(model, variant, steps, lr):
-                _study(model, steps, [seed], out / RERUNS, data, [variant], [lr], 0)
+                _study(model, steps, [seed], again_dir, data, [variant], [lr], 0)
 
     _each_model(models, again)
 
@@ -635,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                         + " ".join(c.name for c in CANDIDATES))  # fmt: skip
     parser.add_argument("--rerun", action="store_true",
                         help="make the shipped and dense arms' seed-0 runs of the shortest "
-                        "horizon again into <out>/reruns/ (the noise floor)")  # fmt: skip
+                        "horizon again into <out>/reruns/<this host's class>/ (the noise floor)")  # fmt: skip
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if args.rerun:

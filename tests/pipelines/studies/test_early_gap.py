@@ -236,3 +236,28 @@ def test_the_study_runs_adamws_grid_beside_adams_and_the_candidates_once_adams_c
     assert all(events.index(starts[v]) > adams_end for v in ("scape90", "scape99_ramp"))
     with pytest.raises(SystemExit, match="--jobs 0: must be at least 1"):
         early_gap.run(100, [0], tmp_path, str(tmp_path), ["llama"], jobs=0)
+
+
+def test_each_host_class_keeps_its_reruns_and_the_floor_spans_them_all(tmp_path, monkeypatch):
+    from pipelines.studies.early_gap import host_dir, rerun_pairs
+
+    assert host_dir("AMD EPYC, AVX-512") == "amd-epyc-avx-512"
+    assert host_dir("Intel(R) Xeon(R) Gold, AVX2") == "intel-r-xeon-r-gold-avx2"
+
+    def on(cpu, test):
+        run = _run("llama", "adams", 1.0, 0, 4.0, test)
+        run.header["host"] = {"cpu": cpu}
+        return RunIndex([run])
+
+    stored = on("AMD EPYC, AVX-512", 4.0)
+    again = {
+        "amd-epyc-avx-512": on("AMD EPYC, AVX-512", 4.0),
+        "amd-epyc-avx2": on("AMD EPYC, AVX2", 4.02),
+    }
+    for name in again:
+        (tmp_path / "reruns" / name / "runs").mkdir(parents=True)
+    monkeypatch.setattr(RunIndex, "load", classmethod(lambda cls, out, code=None: again[out.name]))
+    found = rerun_pairs(tmp_path, stored)
+    assert [r.rerun_cpu for r in found] == ["AMD EPYC, AVX-512", "AMD EPYC, AVX2"]
+    assert max(r.spread for r in found) == pytest.approx(0.5)  # the other class's 4.02 vs 4.0
+    assert rerun_pairs(tmp_path / "none", stored) == []
